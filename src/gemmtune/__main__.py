@@ -1,0 +1,5 @@
+import sys
+
+from gemmtune.cli import main
+
+sys.exit(main())

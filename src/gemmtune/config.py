@@ -1,0 +1,210 @@
+"""`GemmConfig`: the one description of a kernel variant.
+
+A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, epilogue,
+decomposition); its *runtime* fields (raster order, swizzle) are kernel arguments, so sweeping
+them costs a launch, never a compile. `key` names the whole variant, `compile_key` the binary.
+
+Fields are validated on construction against what the hardware allows at all; whether a given
+kernel implements a config, and whether it can serve a given problem, is the kernels' business
+(`gemmtune.kernels`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+class InvalidConfigError(ValueError):
+    """A GemmConfig field holds a value no kernel can have."""
+
+
+class Decomposition(str, enum.Enum):
+    """How the MAC iterations (output tile x K-block) are spread over CTAs."""
+
+    DATA_PARALLEL = "data_parallel"
+    SPLIT_K = "split_k"
+    STREAM_K = "stream_k"
+
+
+class Raster(str, enum.Enum):
+    """Which way consecutive tiles walk the output: down M first or along N first."""
+
+    ALONG_M = "along_m"
+    ALONG_N = "along_n"
+
+
+ARCHES = ("sm_90", "sm_100")
+SWIZZLES = (1, 2, 4, 8)
+MAX_CLUSTER_CTAS = 16  # Hopper and Blackwell allow 16 with the non-portable cluster attribute
+MAX_SPLITS = 16
+
+_DECOMP_TAGS = {
+    Decomposition.DATA_PARALLEL: "dp",
+    Decomposition.SPLIT_K: "sk",
+    Decomposition.STREAM_K: "streamk",
+}
+_RASTER_TAGS = {Raster.ALONG_M: "m", Raster.ALONG_N: "n"}
+
+
+def _is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One kernel variant. Frozen and hashable; `to_json`/`from_json` round-trip it."""
+
+    arch: str = "sm_90"
+    tile_m: int = 128
+    tile_n: int = 128
+    cluster_m: int = 1
+    cluster_n: int = 1
+    two_cta: bool = False
+    tma_store: bool = True
+    decomposition: Decomposition = Decomposition.DATA_PARALLEL
+    splits: int = 1
+    # runtime fields: kernel arguments, not part of the binary
+    raster: Raster = Raster.ALONG_M
+    swizzle: int = 1
+
+    RUNTIME_FIELDS = ("raster", "swizzle")
+
+    def __post_init__(self) -> None:
+        # Accept enum values given as strings (JSON, CLI), and store the enum.
+        for name, kind in (("decomposition", Decomposition), ("raster", Raster)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                try:
+                    object.__setattr__(self, name, kind(value))
+                except ValueError:
+                    choices = ", ".join(v.value for v in kind)
+                    raise InvalidConfigError(f"{name}={value!r} is not one of: {choices}") from None
+        self._validate()
+
+    def _validate(self) -> None:
+        def fail(field: str, why: str) -> None:
+            raise InvalidConfigError(f"{field}={getattr(self, field)!r}: {why}")
+
+        for name in ("tile_m", "tile_n", "cluster_m", "cluster_n", "splits", "swizzle"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                fail(name, "must be an integer")
+        for name in ("two_cta", "tma_store"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "must be a bool")
+        if self.arch not in ARCHES:
+            fail("arch", f"must be one of {ARCHES}")
+        if not _is_pow2(self.tile_m) or not 64 <= self.tile_m <= 256:
+            fail("tile_m", "must be 64, 128 or 256")
+        if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
+            fail("tile_n", "must be a multiple of 8 from 8 to 256 (the MMA instruction's N)")
+        for name in ("cluster_m", "cluster_n"):
+            if not _is_pow2(getattr(self, name)):
+                fail(name, "must be a power of two")
+        if self.cluster_m * self.cluster_n > MAX_CLUSTER_CTAS:
+            fail("cluster_n", f"cluster_m * cluster_n must be at most {MAX_CLUSTER_CTAS}")
+        if self.two_cta:
+            if self.arch != "sm_100":
+                fail("two_cta", "2-CTA MMA instructions exist on sm_100 only")
+            if self.cluster_m % 2:
+                fail("cluster_m", "2-CTA instructions need an even cluster_m")
+            if self.tile_m < 128:
+                fail("tile_m", "2-CTA instructions need tile_m of 128 or 256")
+        elif self.arch == "sm_100" and self.tile_m > 128:
+            fail("tile_m", "a 1-CTA sm_100 MMA has M of 64 or 128; 256 needs two_cta")
+        if self.decomposition is Decomposition.SPLIT_K:
+            if not 2 <= self.splits <= MAX_SPLITS:
+                fail("splits", f"split-K needs 2 to {MAX_SPLITS} splits")
+        elif self.splits != 1:
+            fail("splits", f"only split-K takes a split count, not {self.decomposition.value}")
+        if self.swizzle not in SWIZZLES:
+            fail("swizzle", f"must be one of {SWIZZLES}")
+
+    # -- names -------------------------------------------------------------------------------
+
+    @property
+    def compile_key(self) -> str:
+        """Names the binary: every compile-time field, no runtime field."""
+        parts = [
+            self.arch.replace("_", ""),
+            f"{self.tile_m}x{self.tile_n}",
+            f"c{self.cluster_m}x{self.cluster_n}",
+        ]
+        if self.two_cta:
+            parts.append("2cta")
+        parts.append("tma" if self.tma_store else "st")
+        decomp = _DECOMP_TAGS[self.decomposition]
+        parts.append(
+            f"{decomp}{self.splits}" if self.decomposition is Decomposition.SPLIT_K else decomp
+        )
+        return "_".join(parts)
+
+    @property
+    def key(self) -> str:
+        """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_tma_dp_rm_s1`."""
+        return f"{self.compile_key}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
+
+    def __str__(self) -> str:
+        return self.key
+
+    @classmethod
+    def from_key(cls, key: str) -> GemmConfig:
+        """Parse a `key` back into the config it names."""
+        pattern = (
+            r"(?P<arch>sm\d+)_(?P<tm>\d+)x(?P<tn>\d+)_c(?P<cm>\d+)x(?P<cn>\d+)(?P<two>_2cta)?"
+            r"_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
+        )
+        match = re.fullmatch(pattern, key)
+        if match is None:
+            raise InvalidConfigError(f"{key!r} is not a GemmConfig key")
+        g = match.groupdict()
+        decomposition = {tag: d for d, tag in _DECOMP_TAGS.items()}[g["dec"]]
+        return cls(
+            arch=g["arch"][:2] + "_" + g["arch"][2:],
+            tile_m=int(g["tm"]),
+            tile_n=int(g["tn"]),
+            cluster_m=int(g["cm"]),
+            cluster_n=int(g["cn"]),
+            two_cta=g["two"] is not None,
+            tma_store=g["epi"] == "tma",
+            decomposition=decomposition,
+            splits=int(g["splits"] or 1),
+            raster={tag: r for r, tag in _RASTER_TAGS.items()}[g["raster"]],
+            swizzle=int(g["sw"]),
+        )
+
+    # -- data --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["decomposition"] = self.decomposition.value
+        d["raster"] = self.raster.value
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GemmConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise InvalidConfigError(f"unknown GemmConfig fields: {sorted(unknown)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GemmConfig:
+        return cls.from_dict(json.loads(text))
+
+    def with_runtime(self, *, raster: Raster | str | None = None, swizzle: int | None = None):
+        """The same binary with other runtime arguments."""
+        return dataclasses.replace(
+            self,
+            raster=self.raster if raster is None else raster,
+            swizzle=self.swizzle if swizzle is None else swizzle,
+        )

@@ -1,0 +1,315 @@
+"""What is being multiplied: `GemmProblem`, and why a problem cannot be served by our kernels.
+
+Conventions. `out = a @ b` with `a` of shape (m, k) or (l, m, k) and `b` of shape (k, n) or
+(l, k, n). Our kernels see A as (M, K, L), B as (N, K, L) and the output as (M, N, L), so the
+*major* (contiguous) mode of each operand is named the way the kernels name it: A is "k"-major
+when a row of `a` is contiguous (row-major `a`), B is "n"-major when `b` is row-major and "k"-major
+when `b` is column-major, the output is "n"-major when row-major.
+
+Two kinds of trouble are kept apart:
+- a call that is wrong (mismatched shapes, CPU tensors, integer dtypes...) raises a clear
+  `ValueError` or `TypeError` naming the argument, exactly where torch.matmul would also fail or
+  where we refuse to guess;
+- a call that is legal but that our kernels do not serve (odd strides, misalignment, zero-size
+  dimensions, float32 inputs, another GPU) yields `FallbackReason`s; the caller then uses
+  `torch.matmul`, which gives the right answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gemmtune.device import Arch, arch_of, device_info
+
+#: Input dtypes our kernels multiply (A and B must match), and the output dtypes they write.
+KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+KERNEL_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Floating dtypes torch.matmul multiplies on a GPU that we hand back to it.
+FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
+
+#: TMA needs 16-byte aligned base addresses and strides.
+ALIGNMENT_BYTES = 16
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class FallbackReason:
+    """Why our kernels cannot serve a legal problem. `code` is stable; `detail` is for people."""
+
+    code: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+def _major_of(rows: int, cols: int, row_stride: int, col_stride: int) -> str | None:
+    """ "row" if a row is contiguous, "col" if a column is, None if neither.
+
+    A dimension of size 1 has no meaningful stride, so a matrix with one row or one column is
+    contiguous along its other dimension whatever that dimension's stride is.
+    """
+    if cols > 1 and col_stride == 1 and (rows == 1 or row_stride >= cols):
+        return "row"
+    if rows > 1 and row_stride == 1 and (cols == 1 or col_stride >= rows):
+        return "col"
+    if cols <= 1:
+        return "row"
+    if rows <= 1:
+        return "col"
+    return None
+
+
+@dataclass(frozen=True)
+class Operand:
+    """The facts about one tensor that decide how it is multiplied (no reference to its data)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    data_ptr: int
+
+    @classmethod
+    def of(cls, t: object, name: str) -> Operand:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr())
+
+    @property
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def misalignment(self, name: str) -> str | None:
+        """Describe why this operand breaks TMA's 16-byte rules, or None when it keeps them."""
+        if self.data_ptr % ALIGNMENT_BYTES:
+            return f"{name}'s data pointer is not {ALIGNMENT_BYTES}-byte aligned"
+        for dim, (extent, stride) in enumerate(zip(self.shape, self.stride, strict=True)):
+            if extent > 1 and stride != 1 and (stride * self.element_size) % ALIGNMENT_BYTES:
+                return (
+                    f"{name}'s stride {stride} along dim {dim} is {stride * self.element_size} "
+                    f"bytes, not a multiple of {ALIGNMENT_BYTES}"
+                )
+        return None
+
+    def check(self, name: str) -> None:
+        """Raise for an operand no GEMM can take."""
+        if len(self.shape) not in (2, 3):
+            raise ValueError(
+                f"{name} must be 2-D or 3-D (a batch of matrices), got {len(self.shape)}-D with "
+                f"shape {self.shape}"
+            )
+        if self.device.type != "cuda":
+            raise ValueError(f"{name} is on {self.device}; gemmtune multiplies CUDA tensors")
+        if self.dtype not in KERNEL_INPUT_DTYPES + FALLBACK_INPUT_DTYPES:
+            raise TypeError(
+                f"{name} has dtype {self.dtype}; gemmtune multiplies floating-point tensors "
+                "(bfloat16 and float16 on its kernels, float32 and float64 through torch.matmul)"
+            )
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One `out = a @ b`: sizes, dtypes, layouts and device, and whether our kernels serve it."""
+
+    m: int
+    n: int
+    k: int
+    l: int
+    a_dtype: torch.dtype
+    b_dtype: torch.dtype
+    out_dtype: torch.dtype
+    a_major: str | None  # "k" | "m" | None
+    b_major: str | None  # "k" | "n" | None
+    out_major: str | None  # "n" | "m" | None
+    batched: bool
+    device: torch.device
+    arch: Arch
+    fallback_reasons: tuple[FallbackReason, ...] = field(default=())
+
+    @property
+    def supported(self) -> bool:
+        """True when one of our kernels can compute this problem."""
+        return not self.fallback_reasons
+
+    @property
+    def fallback_reason(self) -> FallbackReason | None:
+        """The first reason to fall back to torch.matmul, or None when we serve the problem."""
+        return self.fallback_reasons[0] if self.fallback_reasons else None
+
+    @property
+    def layout(self) -> str:
+        """BLAS-style layout name, A then B, "t" meaning K-major: row-major a @ b is "tn"."""
+        a = "t" if self.a_major == "k" else "n"
+        b = "t" if self.b_major == "k" else "n"
+        return a + b
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.l
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.l, self.m, self.n) if self.batched else (self.m, self.n)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> GemmProblem:
+        """Describe `a @ b` (written into `out` when given); raise for calls that are wrong."""
+        return cls.from_operands(
+            Operand.of(a, "a"),
+            Operand.of(b, "b"),
+            None if out is None else Operand.of(out, "out"),
+            out_dtype,
+        )
+
+    @classmethod
+    def from_operands(
+        cls,
+        a: Operand,
+        b: Operand,
+        out: Operand | None = None,
+        out_dtype: torch.dtype | None = None,
+        arch: Arch | None = None,
+    ) -> GemmProblem:
+        """`from_tensors` on tensor descriptions; `arch` overrides the device's (for tests)."""
+        a.check("a")
+        b.check("b")
+        if a.device != b.device:
+            raise ValueError(f"a is on {a.device} but b is on {b.device}; they must share a GPU")
+        if a.dtype != b.dtype:
+            raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; they must match")
+        k = a.shape[-1]
+        if b.shape[-2] != k:
+            raise ValueError(
+                f"inner dimensions differ: a has shape {a.shape} (k={k}) but b has shape "
+                f"{b.shape} (k={b.shape[-2]})"
+            )
+        m, n = a.shape[-2], b.shape[-1]
+        reasons: list[FallbackReason] = []
+
+        batched = len(a.shape) == 3 or len(b.shape) == 3
+        la = a.shape[0] if len(a.shape) == 3 else None
+        lb = b.shape[0] if len(b.shape) == 3 else None
+        if la is not None and lb is not None and la != lb:
+            if 1 not in (la, lb):
+                raise ValueError(f"batch sizes differ: a has {la} matrices, b has {lb}")
+            reasons.append(FallbackReason("broadcast", f"batch broadcast {la} against {lb}"))
+        elif (la is None) != (lb is None):
+            reasons.append(
+                FallbackReason("broadcast", "a 3-D operand against a 2-D one broadcasts the batch")
+            )
+        # broadcasting a batch of one against a batch of any size, zero included, gives that size
+        l = next((x for x in (la, lb) if x is not None and x != 1), 1)
+
+        all_output_dtypes = KERNEL_OUTPUT_DTYPES + FALLBACK_INPUT_DTYPES
+        if out_dtype is not None and out_dtype not in all_output_dtypes:
+            raise TypeError(
+                f"out_dtype {out_dtype} is not supported; use bfloat16, float16 or float32"
+            )
+        expected_shape = (l, m, n) if batched else (m, n)
+        if out is not None:
+            if out.shape != expected_shape:
+                raise ValueError(f"out has shape {out.shape}, expected {expected_shape} for a @ b")
+            if out.device != a.device:
+                raise ValueError(f"out is on {out.device} but a and b are on {a.device}")
+            if out_dtype is not None and out.dtype != out_dtype:
+                raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+            if out.dtype not in all_output_dtypes:
+                raise TypeError(f"out has dtype {out.dtype}; use bfloat16, float16 or float32")
+            out_dtype = out.dtype
+        out_dtype = out_dtype or a.dtype
+
+        if arch is None:
+            arch = arch_of(a.device.index or 0)
+        if arch is Arch.OTHER:
+            reasons.append(
+                FallbackReason(
+                    "arch",
+                    f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 and sm_100 GPUs",
+                )
+            )
+        if a.dtype not in KERNEL_INPUT_DTYPES:
+            reasons.append(FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16/fp16"))
+        if out_dtype not in KERNEL_OUTPUT_DTYPES:
+            reasons.append(FallbackReason("dtype", f"kernels do not write {out_dtype} output"))
+        if 0 in (m, n, k, l):
+            reasons.append(FallbackReason("zero_size", f"empty problem m={m} n={n} k={k} l={l}"))
+
+        a_major = {"row": "k", "col": "m"}.get(_major_of(m, k, *a.stride[-2:]))
+        b_major = {"row": "n", "col": "k"}.get(_major_of(k, n, *b.stride[-2:]))
+        out_major = (
+            "n" if out is None else {"row": "n", "col": "m"}.get(_major_of(m, n, *out.stride[-2:]))
+        )
+        for name, major, op in (("a", a_major, a), ("b", b_major, b), ("out", out_major, out)):
+            if op is not None and major is None:
+                reasons.append(
+                    FallbackReason(
+                        "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
+                    )
+                )
+            why = op.misalignment(name) if op is not None else None
+            if why:
+                reasons.append(FallbackReason("alignment", why))
+        if out is None:
+            row_bytes = n * out_dtype.itemsize
+            if n > 1 and row_bytes % ALIGNMENT_BYTES:
+                reasons.append(
+                    FallbackReason(
+                        "alignment",
+                        f"an output row of n={n} {DTYPE_NAMES.get(out_dtype, out_dtype)} is "
+                        f"{row_bytes} bytes, not a multiple of {ALIGNMENT_BYTES}",
+                    )
+                )
+
+        return cls(
+            m=m,
+            n=n,
+            k=k,
+            l=l,
+            a_dtype=a.dtype,
+            b_dtype=b.dtype,
+            out_dtype=out_dtype,
+            a_major=a_major,
+            b_major=b_major,
+            out_major=out_major,
+            batched=batched,
+            device=a.device,
+            arch=arch,
+            fallback_reasons=tuple(reasons),
+        )
+
+
+def _gpu_label(device: torch.device) -> str:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return str(device)
+    info = device_info(device.index or 0)
+    return f"{info.name} ({info.sm_label})"
+
+
+def fallback_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included)."""
+    result = torch.matmul(a, b)
+    want = out.dtype if out is not None else (out_dtype or a.dtype)
+    if result.dtype != want:
+        # torch.matmul accumulates in fp32 and rounds to the input dtype; a wider output should
+        # not inherit that rounding, so recompute in the output's precision.
+        wide = torch.promote_types(want, torch.float32)
+        result = torch.matmul(a.to(wide), b.to(wide)).to(want)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
