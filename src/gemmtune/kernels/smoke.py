@@ -19,7 +19,7 @@ from typing import Any
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import from_dlpack, make_fake_compact_tensor, make_fake_stream
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 THREADS = 128
 
@@ -35,6 +35,7 @@ def _axpy_kernel(x: cute.Tensor, y: cute.Tensor, alpha: cutlass.Float32):
 
 @cute.jit
 def _axpy(x: cute.Tensor, y: cute.Tensor, alpha: cutlass.Float32, stream: cuda.CUstream):
+    # `stream` is torch's current stream, bound by TVM-FFI at call time (see compile_axpy)
     blocks = (cute.size(x) + THREADS - 1) // THREADS
     _axpy_kernel(x, y, alpha).launch(grid=[blocks, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
@@ -42,30 +43,18 @@ def _axpy(x: cute.Tensor, y: cute.Tensor, alpha: cutlass.Float32, stream: cuda.C
 def compile_axpy(keep_ptx: bool = False) -> Any:
     """Compile the kernel for any length of fp32 vectors, for the DSL's current target.
 
-    With `keep_ptx` the PTX is kept on the result (`.artifacts.PTX`); the DSL writes it to a
-    dump directory too, so that goes to a temporary one.
+    It is compiled for TVM-FFI, the launch path of every gemmtune kernel: the result is called
+    with torch tensors and a Python float, on torch's current stream. With `keep_ptx` the PTX is
+    kept on the result (`.artifacts.PTX`); the DSL also writes it to a dump directory, so that
+    goes to a temporary one.
     """
-    n = cute.sym_int(symbol="n")
+    n = cute.sym_int64(symbol="n")
     x = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
     y = make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16)
-    if not keep_ptx:
-        return cute.compile(_axpy, x, y, cutlass.Float32(1.0), make_fake_stream())
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
-        options = f"--keep-ptx --dump-dir {dump}"
-        return cute.compile(_axpy, x, y, cutlass.Float32(1.0), make_fake_stream(), options=options)
-
-
-def run_axpy(compiled: Any, x: Any, y: Any, alpha: float) -> None:
-    """Launch a compiled `axpy` on 1-D fp32 CUDA tensors, on torch's current stream."""
-    import torch
-
-    stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
-    compiled(
-        from_dlpack(x, assumed_align=16),
-        from_dlpack(y, assumed_align=16),
-        cutlass.Float32(alpha),
-        stream,
-    )
+        options = "--enable-tvm-ffi" + (f" --keep-ptx --dump-dir {dump}" if keep_ptx else "")
+        return cute.compile(_axpy, x, y, cutlass.Float32(1.0), stream, options=options)
 
 
 def main() -> None:
