@@ -2,18 +2,18 @@ import json
 
 import pytest
 
-from gemmtune.config import Decomposition, GemmConfig, InvalidConfigError, Raster
+from gemmtune.config import Decomposition, GemmConfig, InvalidConfigError, Raster, Schedule
 
 
 def test_defaults_are_valid_and_keyed():
     cfg = GemmConfig()
-    assert cfg.key == "sm90_128x128_c1x1_tma_dp_rm_s1"
-    assert cfg.compile_key == "sm90_128x128_c1x1_tma_dp"
+    assert cfg.key == "sm90_128x128_c1x1_coop_tma_dp_rm_s1"
+    assert cfg.compile_key == "sm90_128x128_c1x1_coop_tma_dp"
 
 
 CONFIGS = [
     GemmConfig(),
-    GemmConfig(tile_m=64, tile_n=256, cluster_m=2, cluster_n=1, tma_store=False),
+    GemmConfig(tile_m=64, tile_n=256, cluster_m=2, schedule="pingpong", tma_store=False),
     GemmConfig(tile_n=192, decomposition="split_k", splits=4, raster="along_n", swizzle=8),
     GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=2, decomposition="stream_k"),
     GemmConfig(arch="sm_100", tile_m=256, tile_n=224, cluster_m=4, two_cta=True),
@@ -47,8 +47,9 @@ def test_keys_are_distinct_and_compile_key_ignores_runtime_fields():
 
 
 def test_strings_become_enums_and_config_is_frozen():
-    cfg = GemmConfig(decomposition="stream_k", raster="along_n")
+    cfg = GemmConfig(decomposition="stream_k", raster="along_n", schedule="pingpong")
     assert cfg.decomposition is Decomposition.STREAM_K
+    assert cfg.schedule is Schedule.PINGPONG
     with pytest.raises(AttributeError):
         cfg.tile_m = 64  # type: ignore[misc]
 
@@ -75,6 +76,8 @@ def test_strings_become_enums_and_config_is_frozen():
         ({"decomposition": "stream_k", "splits": 2}, "splits", "only split-K"),
         ({"decomposition": "tiled"}, "decomposition", "not one of"),
         ({"raster": "diagonal"}, "raster", "not one of"),
+        ({"schedule": "serial"}, "schedule", "not one of"),
+        ({"arch": "sm_100", "schedule": "pingpong"}, "schedule", "Hopper"),
         ({"swizzle": 3}, "swizzle", "one of"),
         ({"tile_m": 128.0}, "tile_m", "integer"),
         ({"tile_m": True}, "tile_m", "integer"),

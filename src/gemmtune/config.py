@@ -31,6 +31,14 @@ class Decomposition(str, enum.Enum):
     STREAM_K = "stream_k"
 
 
+class Schedule(str, enum.Enum):
+    """How a CTA's consumer warpgroups share the work (Hopper): both on one tile, or alternating
+    tiles so that one's epilogue overlaps the other's mainloop."""
+
+    COOPERATIVE = "cooperative"
+    PINGPONG = "pingpong"
+
+
 class Raster(str, enum.Enum):
     """Which way consecutive tiles walk the output: down M first or along N first."""
 
@@ -49,6 +57,7 @@ _DECOMP_TAGS = {
     Decomposition.STREAM_K: "streamk",
 }
 _RASTER_TAGS = {Raster.ALONG_M: "m", Raster.ALONG_N: "n"}
+_SCHEDULE_TAGS = {Schedule.COOPERATIVE: "coop", Schedule.PINGPONG: "pp"}
 
 
 def _is_pow2(x: int) -> bool:
@@ -65,6 +74,7 @@ class GemmConfig:
     cluster_m: int = 1
     cluster_n: int = 1
     two_cta: bool = False
+    schedule: Schedule = Schedule.COOPERATIVE
     tma_store: bool = True
     decomposition: Decomposition = Decomposition.DATA_PARALLEL
     splits: int = 1
@@ -76,7 +86,11 @@ class GemmConfig:
 
     def __post_init__(self) -> None:
         # Accept enum values given as strings (JSON, CLI), and store the enum.
-        for name, kind in (("decomposition", Decomposition), ("raster", Raster)):
+        for name, kind in (
+            ("decomposition", Decomposition),
+            ("raster", Raster),
+            ("schedule", Schedule),
+        ):
             value = getattr(self, name)
             if not isinstance(value, kind):
                 try:
@@ -117,6 +131,8 @@ class GemmConfig:
                 fail("tile_m", "2-CTA instructions need tile_m of 128 or 256")
         elif self.arch == "sm_100" and self.tile_m > 128:
             fail("tile_m", "a 1-CTA sm_100 MMA has M of 64 or 128; 256 needs two_cta")
+        if self.schedule is Schedule.PINGPONG and self.arch != "sm_90":
+            fail("schedule", "ping-pong warpgroups are a Hopper (sm_90) schedule")
         if self.decomposition is Decomposition.SPLIT_K:
             if not 2 <= self.splits <= MAX_SPLITS:
                 fail("splits", f"split-K needs 2 to {MAX_SPLITS} splits")
@@ -137,6 +153,7 @@ class GemmConfig:
         ]
         if self.two_cta:
             parts.append("2cta")
+        parts.append(_SCHEDULE_TAGS[self.schedule])
         parts.append("tma" if self.tma_store else "st")
         decomp = _DECOMP_TAGS[self.decomposition]
         parts.append(
@@ -146,7 +163,7 @@ class GemmConfig:
 
     @property
     def key(self) -> str:
-        """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_tma_dp_rm_s1`."""
+        """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_coop_tma_dp_rm_s1`."""
         return f"{self.compile_key}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
 
     def __str__(self) -> str:
@@ -157,7 +174,7 @@ class GemmConfig:
         """Parse a `key` back into the config it names."""
         pattern = (
             r"(?P<arch>sm\d+)_(?P<tm>\d+)x(?P<tn>\d+)_c(?P<cm>\d+)x(?P<cn>\d+)(?P<two>_2cta)?"
-            r"_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
+            r"_(?P<sched>coop|pp)_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
         )
         match = re.fullmatch(pattern, key)
         if match is None:
@@ -171,6 +188,7 @@ class GemmConfig:
             cluster_m=int(g["cm"]),
             cluster_n=int(g["cn"]),
             two_cta=g["two"] is not None,
+            schedule={tag: v for v, tag in _SCHEDULE_TAGS.items()}[g["sched"]],
             tma_store=g["epi"] == "tma",
             decomposition=decomposition,
             splits=int(g["splits"] or 1),
@@ -184,6 +202,7 @@ class GemmConfig:
         d = dataclasses.asdict(self)
         d["decomposition"] = self.decomposition.value
         d["raster"] = self.raster.value
+        d["schedule"] = self.schedule.value
         return d
 
     @classmethod

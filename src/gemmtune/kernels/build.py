@@ -1,0 +1,159 @@
+"""From a `GemmConfig` and a `KernelSignature` to a compiled kernel callable on torch tensors.
+
+Kernels are compiled for TVM-FFI against *fake* tensors whose sizes and strides are symbolic,
+so one binary serves every M, N, K and L; the compiled function takes torch tensors and plain
+Python numbers and launches on torch's current stream. Strides other than the unit one are
+declared divisible by 8 elements (16 bytes) and the base pointers 16-byte aligned: TMA's rules,
+which `GemmProblem` checks before a problem reaches a kernel (and TVM-FFI checks again).
+
+Like every module that touches the DSL, this one imports `cutlass` lazily or at the top of a
+module that only the kernel side imports, after `CUTE_DSL_ARCH` is settled.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gemmtune.config import GemmConfig, Raster
+from gemmtune.kernels.signature import KernelSignature
+
+log = logging.getLogger(__name__)
+
+ALIGN_ELEMENTS = 8  # 16 bytes of bf16/fp16; strides of fp32 outputs are declared the same
+
+
+EXPORTED_FUNCTION = "gemm"
+
+
+@dataclass
+class CompiledGemm:
+    """A compiled kernel and what it was compiled for.
+
+    Called as `kernel(a, b, out, *runtime_args(config, device))`: torch tensors in torch's
+    order, then the runtime arguments (raster, swizzle, grid limit) of any config that shares
+    this binary.
+    """
+
+    config: GemmConfig
+    signature: KernelSignature
+    function: Any
+    compile_s: float
+    ptx: str | None = None
+
+    def __call__(self, a, b, out, along_n: int, swizzle: int, max_active_clusters: int) -> None:
+        self.function(a, b, out, along_n, swizzle, max_active_clusters)
+
+
+@functools.cache
+def max_active_clusters(cluster_size: int, device_index: int) -> int:
+    """How many clusters of `cluster_size` CTAs (each using all of an SM's shared memory) run
+    at once on the GPU: 132, 66, 30, 15 for 1, 2, 4, 8 on an H100/H200. Needs the GPU."""
+    import torch
+    from cutlass.utils import HardwareInfo
+
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream().synchronize()  # the driver API needs torch's context
+        return HardwareInfo().get_max_active_clusters(cluster_size)
+
+
+def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int]:
+    """The kernel arguments `config` adds to a launch: raster, swizzle, grid limit."""
+    along_n = int(config.raster is Raster.ALONG_N)
+    clusters = max_active_clusters(config.cluster_m * config.cluster_n, device_index)
+    return along_n, config.swizzle, clusters
+
+
+def export_gemm(kernel: CompiledGemm, path: Path) -> None:
+    """Write a compiled kernel as an object file that `load_gemm` loads in any process."""
+    kernel.function.export_to_c(str(path), function_name=EXPORTED_FUNCTION)
+
+
+def load_gemm(path: Path, config: GemmConfig, signature: KernelSignature) -> CompiledGemm:
+    """Load a kernel written by `export_gemm` (no compile: about a millisecond)."""
+    import cutlass.cute as cute
+
+    start = time.perf_counter()
+    module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+    function = getattr(module, EXPORTED_FUNCTION)
+    return CompiledGemm(config, signature, function, time.perf_counter() - start)
+
+
+def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, align: int):
+    """A fake torch-ordered tensor (l?, rows, cols) whose contiguous dimension is rows or cols."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    lead = cute.sym_int64(divisibility=align)
+    if major_is_rows:
+        shape, stride = (rows, cols), (1, lead)
+    else:
+        shape, stride = (rows, cols), (lead, 1)
+    if batched:
+        shape = (batch, *shape)
+        stride = (cute.sym_int64(divisibility=align), *stride)
+    return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+
+
+def fake_arguments(signature: KernelSignature) -> tuple:
+    """Fake (a, b, out) for `signature`, sharing the symbolic M, N, K and L between them."""
+    import cutlass
+    import cutlass.cute as cute
+
+    dtypes = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+    m, n, k = (cute.sym_int64(symbol=s) for s in "mnk")
+    l = cute.sym_int64(symbol="l")
+    ab = dtypes[signature.ab_dtype]
+    out_align = 16 // (cutlass.Float32.width // 8 if signature.out_dtype == "fp32" else 2)
+    a = _fake_operand(ab, m, k, l, signature.a_major == "m", signature.batched, ALIGN_ELEMENTS)
+    b = _fake_operand(ab, k, n, l, signature.b_major == "k", signature.batched, ALIGN_ELEMENTS)
+    c = _fake_operand(
+        dtypes[signature.out_dtype],
+        m,
+        n,
+        l,
+        signature.out_major == "m",
+        signature.batched,
+        out_align,
+    )
+    return a, b, c
+
+
+def compile_gemm(
+    config: GemmConfig, signature: KernelSignature, *, keep_ptx: bool = False
+) -> CompiledGemm:
+    """Compile the kernel `config` names for `signature`, for the DSL's current target."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
+    if config.arch != "sm_90":
+        raise NotImplementedError(f"no kernel for {config.arch} yet")
+    from gemmtune.kernels.sm90.kernel import HopperGemm
+
+    start = time.perf_counter()
+    gemm = HopperGemm(config, signature)
+    a, b, c = fake_arguments(signature)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    with tempfile.TemporaryDirectory() as dump:
+        options = "--enable-tvm-ffi" + (f" --keep-ptx --dump-dir {dump}" if keep_ptx else "")
+        function = cute.compile(
+            gemm,
+            a,
+            b,
+            c,
+            cutlass.Int32(0),
+            cutlass.Int32(1),
+            cutlass.Int32(1),
+            stream,
+            options=options,
+        )
+    elapsed = time.perf_counter() - start
+    log.debug("compiled %s for %s in %.2f s", config.compile_key, signature.key, elapsed)
+    ptx = function.artifacts.PTX if keep_ptx else None
+    return CompiledGemm(config, signature, function, elapsed, ptx)

@@ -1,0 +1,67 @@
+"""`KernelSignature`: what a compiled kernel is specialised for besides its `GemmConfig`.
+
+One binary serves every M, N, K and L; it is specific to the dtypes, to which mode of each
+operand is contiguous, and to whether the tensors carry a batch dimension (rank 2 or 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gemmtune.problem import DTYPE_NAMES, GemmProblem
+
+_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """Dtypes (by short name), majors and rank of the tensors a kernel is compiled for."""
+
+    ab_dtype: str = "bf16"  # A and B share it
+    out_dtype: str = "bf16"
+    a_major: str = "k"  # "k" | "m"
+    b_major: str = "n"  # "k" | "n"
+    out_major: str = "n"  # "n" | "m"
+    batched: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ab_dtype not in ("bf16", "fp16"):
+            raise ValueError(f"ab_dtype={self.ab_dtype!r}: kernels take bf16 or fp16 inputs")
+        if self.out_dtype not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"out_dtype={self.out_dtype!r}: kernels write bf16, fp16 or fp32")
+        for name, allowed in (("a_major", "km"), ("b_major", "kn"), ("out_major", "nm")):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {list(allowed)}")
+
+    @classmethod
+    def of(cls, problem: GemmProblem) -> KernelSignature:
+        """The signature a supported problem needs."""
+        return cls(
+            ab_dtype=DTYPE_NAMES[problem.a_dtype],
+            out_dtype=DTYPE_NAMES[problem.out_dtype],
+            a_major=problem.a_major or "k",
+            b_major=problem.b_major or "n",
+            out_major=problem.out_major or "n",
+            batched=problem.batched,
+        )
+
+    @property
+    def ab_torch_dtype(self) -> torch.dtype:
+        return _DTYPES_BY_NAME[self.ab_dtype]
+
+    @property
+    def out_torch_dtype(self) -> torch.dtype:
+        return _DTYPES_BY_NAME[self.out_dtype]
+
+    @property
+    def out_bytes(self) -> int:
+        return self.out_torch_dtype.itemsize
+
+    @property
+    def key(self) -> str:
+        """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out)."""
+        rank = "3d" if self.batched else "2d"
+        majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
+        return f"{self.ab_dtype}_{self.out_dtype}_{majors}_{rank}"

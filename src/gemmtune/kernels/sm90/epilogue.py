@@ -1,0 +1,145 @@
+"""Hopper epilogues: accumulators (fp32, in registers) to the output tensor.
+
+Two variants, chosen by `GemmConfig.tma_store`:
+- `TmaStoreEpilogue`: sub-tile by sub-tile, registers -> shared memory (stmatrix for 16-bit
+  outputs) -> TMA bulk store. TMA clips at the tensor's edges. The shared buffers form a ring
+  whose position carries over from tile to tile, so stores of one tile drain while the next
+  tile's mainloop runs.
+- `store_direct`: each thread writes its accumulators straight to global memory, predicated
+  on the output's bounds. No shared memory, so the mainloop gets more stages.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32
+
+
+@dataclass(frozen=True)
+class TmaStoreEpilogue:
+    """What the TMA-store epilogue of one consumer thread needs, built once per kernel.
+
+    Frozen, so that the DSL's loops read it rather than carry it."""
+
+    tiled_copy_r2s: cute.TiledCopy
+    tRS_sC: cute.Tensor  # (R2S, R2S_M, R2S_N, PIPE): this thread's share of each buffer
+    sub_shape: tuple  # (R2S, R2S_M, R2S_N) of one sub-tile
+    sC: cute.Tensor
+    epi_tile: tuple
+    epi_stages: int
+    out_dtype: type
+    barrier: pipeline.NamedBarrier
+    store_pipeline: pipeline.PipelineTmaStore
+
+    @staticmethod
+    def create(
+        tiled_mma: cute.TiledMma,
+        copy_atom_r2s: cute.CopyAtom,
+        stmatrix_atom: cute.CopyAtom,
+        sC: cute.Tensor,
+        epi_tile: tuple,
+        epi_stages: int,
+        thread_in_group: Int32,
+        group_threads: int,
+        barrier_id: int,
+        out_dtype: type,
+    ) -> "TmaStoreEpilogue":
+        layout_donor = cute.make_tiled_copy_C_atom(stmatrix_atom, tiled_mma)
+        tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, layout_donor)
+        thr_copy = tiled_copy_r2s.get_slice(thread_in_group)
+        return TmaStoreEpilogue(
+            tiled_copy_r2s=tiled_copy_r2s,
+            tRS_sC=thr_copy.partition_D(sC),
+            sub_shape=cute.shape(thr_copy.partition_S(sC))[:3],
+            sC=sC,
+            epi_tile=epi_tile,
+            epi_stages=epi_stages,
+            out_dtype=out_dtype,
+            barrier=pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads),
+            store_pipeline=pipeline.PipelineTmaStore.create(
+                num_stages=epi_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, group_threads),
+            ),
+        )
+
+    @cute.jit
+    def store_tile(
+        self,
+        accumulators: cute.Tensor,
+        tma_atom_c: cute.CopyAtom,
+        gC_tile: cute.Tensor,
+        ring_start: Int32,
+        is_store_warp: cutlass.Boolean,
+    ):
+        """Write one tile; `ring_start` counts the sub-tiles stored before it by this group."""
+        # (R2S, R2S_M, R2S_N) over the whole tile, then split into sub-tiles
+        tRS_rAcc = self.tiled_copy_r2s.retile(accumulators)
+        sub_acc = cute.zipped_divide(
+            tRS_rAcc,
+            (cute.size(tRS_rAcc, mode=[0]), self.sub_shape[1], self.sub_shape[2]),
+        )
+        gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
+        bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
+            tma_atom_c,
+            0,
+            cute.make_layout(1),
+            cute.group_modes(self.sC, 0, 2),
+            gC_epi,
+        )
+        subtiles_m = cute.size(gC_epi, mode=[1, 0])
+        subtiles_n = cute.size(gC_epi, mode=[1, 1])
+        tRS_rC = cute.make_rmem_tensor(self.sub_shape, cutlass.Float32)
+        tRS_rOut = cute.make_rmem_tensor(self.sub_shape, self.out_dtype)
+        for sub_m in cutlass.range_constexpr(subtiles_m):
+            for sub_n in cutlass.range_constexpr(subtiles_n):
+                sub = sub_m * subtiles_n + sub_n
+                acc_sub = sub_acc[(None, (0, sub_m, sub_n))]
+                for v in cutlass.range_constexpr(cute.size(tRS_rC)):
+                    tRS_rC[v] = acc_sub[v]
+                tRS_rOut.store(tRS_rC.load().to(self.out_dtype))
+                buffer = (ring_start + sub) % self.epi_stages
+                # the buffer's previous TMA store must have finished reading it
+                if is_store_warp:
+                    self.store_pipeline.producer_acquire()
+                self.barrier.arrive_and_wait()
+                cute.copy(self.tiled_copy_r2s, tRS_rOut, self.tRS_sC[(None, None, None, buffer)])
+                # make the generic-proxy shared writes visible to the TMA (async proxy)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.barrier.arrive_and_wait()
+                if is_store_warp:
+                    cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, (sub_m, sub_n))])
+                    self.store_pipeline.producer_commit()
+
+    @cute.jit
+    def finish(self, is_store_warp: cutlass.Boolean):
+        """Wait until the TMA stores issued so far have read their shared buffers."""
+        if is_store_warp:
+            self.store_pipeline.producer_tail()
+
+    def subtiles(self, tile_shape_mn: tuple) -> int:
+        return (tile_shape_mn[0] // self.epi_tile[0]) * (tile_shape_mn[1] // self.epi_tile[1])
+
+
+@cute.jit
+def store_direct(
+    accumulators: cute.Tensor,
+    thr_mma,
+    gC_tile: cute.Tensor,
+    cC_tile: cute.Tensor,
+    extent_mn: tuple,
+    out_dtype: cutlass.Constexpr,
+):
+    """Write one tile from registers to global memory, skipping elements past the edges.
+
+    `gC_tile` is the tile of the output, `cC_tile` the same tile of (m, n) coordinates.
+    """
+    tCgC = thr_mma.partition_C(gC_tile)
+    tCcC = thr_mma.partition_C(cC_tile)
+    values = cute.make_rmem_tensor(accumulators.shape, out_dtype)
+    values.store(accumulators.load().to(out_dtype))
+    for i in cutlass.range_constexpr(cute.size(values)):
+        coord = tCcC[i]
+        if coord[0] < extent_mn[0] and coord[1] < extent_mn[1]:
+            tCgC[i] = values[i]

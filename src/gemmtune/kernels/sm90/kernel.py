@@ -1,0 +1,439 @@
+"""The Hopper persistent warp-specialized GEMM: mainloop + epilogue + tile scheduler.
+
+One CTA = one producer warpgroup (warp 0 issues the TMA loads; its registers go to the
+consumers) and two consumer warpgroups issuing WGMMA.
+- cooperative: both consumer warpgroups work on one tile, each on half of its rows;
+- ping-pong: they take alternate tiles. Named barriers order their mainloops (so their
+  WGMMAs do not compete and each finds its stages in the expected phase) and their
+  epilogues (they share the epilogue's shared memory), so one's epilogue overlaps the
+  other's mainloop.
+
+Tensors arrive in torch's order, (m, k) / (k, n) / (m, n) with an optional leading batch
+dimension, and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L) at trace time,
+so a launch passes torch tensors untouched.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Int32
+from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from gemmtune.config import GemmConfig, Schedule
+from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90 import mainloop, rules
+from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
+
+DSL_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+
+# Named barrier ids (0 is __syncthreads): one epilogue barrier per consumer group, then the
+# ping-pong order barriers, one per warpgroup and per stage.
+EPILOGUE_BARRIER = 1
+MMA_ORDER_BARRIER = 3
+EPILOGUE_ORDER_BARRIER = 5
+
+
+def kernel_view(t: cute.Tensor, rows: int, cols: int) -> cute.Tensor:
+    """The (rows, cols, L) view of a tensor in torch order; `rows` and `cols` index its last
+    two dimensions (0 or 1). A 2-D tensor gets a unit batch mode."""
+    layout = t.layout
+    batched = cute.rank(layout) == 3
+    base = 1 if batched else 0
+    shape = (layout.shape[base + rows], layout.shape[base + cols])
+    stride = (layout.stride[base + rows], layout.stride[base + cols])
+    if batched:
+        shape, stride = (*shape, layout.shape[0]), (*stride, layout.stride[0])
+    else:
+        shape, stride = (*shape, 1), (*stride, 0)
+    return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
+
+
+class HopperGemm:
+    """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`)."""
+
+    def __init__(self, config: GemmConfig, signature: KernelSignature):
+        why = rules.implements(config)
+        if why:
+            raise ValueError(f"{config.key}: {why}")
+        self.config = config
+        self.signature = signature
+        self.cooperative = config.schedule is Schedule.COOPERATIVE
+        self.tile_shape_mnk = (config.tile_m, config.tile_n, rules.TILE_K)
+        self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
+        plan = rules.smem_plan(config, signature)
+        self.ab_stages, self.epi_stages = plan.ab_stages, plan.epi_stages
+        self.epi_tile = rules.epi_tile(config)
+        self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
+        self.out_dtype = DSL_DTYPES[signature.out_dtype]
+        self.a_layout = LayoutEnum.ROW_MAJOR if signature.a_major == "k" else LayoutEnum.COL_MAJOR
+        self.b_layout = LayoutEnum.ROW_MAJOR if signature.b_major == "k" else LayoutEnum.COL_MAJOR
+        self.c_layout = LayoutEnum.ROW_MAJOR if signature.out_major == "n" else LayoutEnum.COL_MAJOR
+        wg = rules.THREADS_PER_WARPGROUP
+        self.threads = 3 * wg
+        # threads that compute one tile, and warps that free each A/B stage
+        self.tile_threads = 2 * wg if self.cooperative else wg
+        self.mcast_a = config.cluster_n  # an A tile is shared along the cluster's N
+        self.mcast_b = config.cluster_m
+
+    def _tiled_mma(self) -> cute.TiledMma:
+        atoms = (2, 1, 1) if self.cooperative else (1, 1, 1)
+        return sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
+            self.ab_dtype,
+            self.a_layout.sm90_mma_major_mode(),
+            self.b_layout.sm90_mma_major_mode(),
+            cutlass.Float32,
+            atoms,
+            tiler_mn=(64, self.config.tile_n),
+        )
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        mA = kernel_view(a, 0, 1)  # (M, K, L)
+        mB = kernel_view(b, 1, 0)  # (N, K, L)
+        mC = kernel_view(c, 0, 1)  # (M, N, L)
+        tiled_mma = self._tiled_mma()
+        tile_m, tile_n, tile_k = self.tile_shape_mnk
+        a_smem = sm90_utils.make_smem_layout_a(
+            self.a_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
+        )
+        b_smem = sm90_utils.make_smem_layout_b(
+            self.b_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
+        )
+        a_op = cpasync.CopyBulkTensorTileG2SOp()
+        if cutlass.const_expr(self.mcast_a > 1):
+            a_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+        b_op = cpasync.CopyBulkTensorTileG2SOp()
+        if cutlass.const_expr(self.mcast_b > 1):
+            b_op = cpasync.CopyBulkTensorTileG2SMulticastOp()
+        tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
+            a_op,
+            mA,
+            cute.slice_(a_smem, (None, None, 0)),
+            (tile_m, tile_k),
+            num_multicast=self.mcast_a,
+        )
+        tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
+            b_op,
+            mB,
+            cute.slice_(b_smem, (None, None, 0)),
+            (tile_n, tile_k),
+            num_multicast=self.mcast_b,
+        )
+        epi_smem = sm90_utils.make_smem_layout_epi(
+            self.out_dtype, self.c_layout, self.epi_tile, max(self.epi_stages, 1)
+        )
+        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.out_dtype)
+        store_target = mC
+        if cutlass.const_expr(self.config.tma_store):
+            store_atom, store_target = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(),
+                mC,
+                cute.slice_(epi_smem, (None, None, 0)),
+                self.epi_tile,
+            )
+
+        tiles_m = (mC.shape[0] + tile_m - 1) // tile_m
+        tiles_n = (mC.shape[1] + tile_n - 1) // tile_n
+        batches = mC.shape[2]
+        scheduler = sched.TileScheduler.create(
+            Int32(tiles_m), Int32(tiles_n), Int32(batches), self.cluster_shape_mn, along_n, swizzle
+        )
+        grid = (*self.cluster_shape_mn, scheduler.grid_clusters(max_active_clusters))
+        self.kernel(
+            tma_atom_a,
+            tma_a,
+            tma_atom_b,
+            tma_b,
+            store_atom,
+            store_target,
+            tiled_mma,
+            a_smem,
+            b_smem,
+            epi_smem,
+            Int32(tiles_m),
+            Int32(tiles_n),
+            Int32(batches),
+            along_n,
+            swizzle,
+        ).launch(
+            grid=grid,
+            block=[self.threads, 1, 1],
+            cluster=(*self.cluster_shape_mn, 1),
+            min_blocks_per_mp=1,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tma_atom_a: cute.CopyAtom,
+        mA: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB: cute.Tensor,
+        store_atom: cute.CopyAtom,
+        mC: cute.Tensor,
+        tiled_mma: cute.TiledMma,
+        a_smem: cute.ComposedLayout,
+        b_smem: cute.ComposedLayout,
+        epi_smem: cute.ComposedLayout,
+        tiles_m: Int32,
+        tiles_n: Int32,
+        batches: Int32,
+        along_n: Int32,
+        swizzle: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        warp_group = cute.arch.make_warp_uniform(tidx // rules.THREADS_PER_WARPGROUP)
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            if cutlass.const_expr(self.config.tma_store):
+                cpasync.prefetch_descriptor(store_atom)
+
+        cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_layout = cute.make_layout((*self.cluster_shape_mn, 1))
+        cta_coord = cluster_layout.get_flat_coord(cta_rank)
+        cta_in_cluster = (cta_coord[0], cta_coord[1])
+
+        # --- shared memory and the A/B pipeline ------------------------------------------
+        smem = SmemAllocator()
+        sA = smem.allocate_tensor(self.ab_dtype, a_smem.outer, 1024, swizzle=a_smem.inner)
+        sB = smem.allocate_tensor(self.ab_dtype, b_smem.outer, 1024, swizzle=b_smem.inner)
+        a_stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_smem, (None, None, 0)))
+        b_stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(b_smem, (None, None, 0)))
+        mcast_size = self.mcast_a + self.mcast_b - 1
+        ab_pipeline = pipeline.PipelineTmaAsync.create(
+            num_stages=self.ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, mcast_size * self.tile_threads // 32
+            ),
+            tx_count=a_stage_bytes + b_stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cluster_layout.shape)),
+            defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
+
+        # --- partitions ---------------------------------------------------------------------
+        tile_m, tile_n, tile_k = self.tile_shape_mnk
+        gA = cute.local_tile(mA, (tile_m, tile_k), (None, None, None))  # (bM,bK,RM,RK,L)
+        gB = cute.local_tile(mB, (tile_n, tile_k), (None, None, None))  # (bN,bK,RN,RK,L)
+        k_tiles = cute.size(gA, mode=[3])
+        a_cta_layout = cute.make_layout(cute.slice_(cluster_layout, (0, None, 0)).shape)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a,
+            cta_coord[1],
+            a_cta_layout,
+            cute.group_modes(sA, 0, 2),
+            cute.group_modes(gA, 0, 2),
+        )
+        b_cta_layout = cute.make_layout(cute.slice_(cluster_layout, (None, 0, 0)).shape)
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b,
+            cta_coord[0],
+            b_cta_layout,
+            cute.group_modes(sB, 0, 2),
+            cute.group_modes(gB, 0, 2),
+        )
+        a_mcast_mask = 0
+        if cutlass.const_expr(self.mcast_a > 1):
+            a_mcast_mask = cute.make_layout_image_mask(cluster_layout, cta_coord, mode=1)
+        b_mcast_mask = 0
+        if cutlass.const_expr(self.mcast_b > 1):
+            b_mcast_mask = cute.make_layout_image_mask(cluster_layout, cta_coord, mode=0)
+
+        scheduler = sched.TileScheduler.create(
+            tiles_m, tiles_n, batches, self.cluster_shape_mn, along_n, swizzle
+        )
+        first = sched.first_unit()
+        stride = sched.unit_stride()
+
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
+
+        if warp_group == 0:
+            cute.arch.setmaxregister_decrease(rules.PRODUCER_REGISTERS)
+            if warp_idx == 0:
+                mainloop.produce(
+                    ab_pipeline,
+                    scheduler,
+                    cta_in_cluster,
+                    tma_atom_a,
+                    tAgA,
+                    tAsA,
+                    a_mcast_mask,
+                    tma_atom_b,
+                    tBgB,
+                    tBsB,
+                    b_mcast_mask,
+                    k_tiles,
+                    first,
+                    stride,
+                    self.ab_stages,
+                )
+        else:
+            cute.arch.setmaxregister_increase(rules.CONSUMER_REGISTERS)
+            self.consume(
+                ab_pipeline,
+                scheduler,
+                cta_in_cluster,
+                tiled_mma,
+                sA,
+                sB,
+                smem,
+                epi_smem,
+                store_atom,
+                mC,
+                k_tiles,
+                first,
+                stride,
+                tidx,
+                warp_idx,
+                warp_group - 1,
+            )
+
+    @cute.jit
+    def consume(
+        self,
+        ab_pipeline: pipeline.PipelineTmaAsync,
+        scheduler: sched.TileScheduler,
+        cta_in_cluster: tuple,
+        tiled_mma: cute.TiledMma,
+        sA: cute.Tensor,
+        sB: cute.Tensor,
+        smem: SmemAllocator,
+        epi_smem: cute.ComposedLayout,
+        store_atom: cute.CopyAtom,
+        mC: cute.Tensor,
+        k_tiles: Int32,
+        first: Int32,
+        stride: Int32,
+        tidx: Int32,
+        warp_idx: Int32,
+        consumer: Int32,
+    ):
+        """The consumer warpgroups: mainloop and epilogue of each of their tiles."""
+        wg = rules.THREADS_PER_WARPGROUP
+        consumer_tidx = tidx - wg
+        thread_in_group = consumer_tidx
+        group_threads = 2 * wg
+        barrier_id = EPILOGUE_BARRIER
+        store_warp = wg // 32
+        if cutlass.const_expr(not self.cooperative):
+            thread_in_group = consumer_tidx % wg
+            group_threads = wg
+            barrier_id = EPILOGUE_BARRIER + consumer
+            store_warp = wg // 32 + consumer * (wg // 32)
+        is_store_warp = warp_idx == store_warp
+
+        thr_mma = tiled_mma.get_slice(thread_in_group)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        tile_m, tile_n, _ = self.tile_shape_mnk
+        gC = cute.local_tile(mC, (tile_m, tile_n), (None, None, None))  # (bM,bN,RM,RN,L)
+        accumulators = cute.make_rmem_tensor(
+            thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, cutlass.Float32
+        )
+
+        if cutlass.const_expr(self.config.tma_store):
+            sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
+            stmatrix = cute.make_copy_atom(
+                warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.Float16
+            )
+            epilogue = TmaStoreEpilogue.create(
+                tiled_mma,
+                sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, cutlass.Float32),
+                stmatrix,
+                sC,
+                self.epi_tile,
+                self.epi_stages,
+                thread_in_group,
+                group_threads,
+                barrier_id,
+                self.out_dtype,
+            )
+        else:
+            coords = cute.local_tile(
+                cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
+            )
+
+        read_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.ab_stages
+        )
+        unit = first
+        unit_step = stride
+        if cutlass.const_expr(not self.cooperative):
+            unit = first + consumer * stride
+            unit_step = 2 * stride
+            if consumer == 1:
+                read_state.advance(k_tiles)
+                # warpgroup 0 goes first in both orders
+                cute.arch.barrier_arrive(barrier_id=MMA_ORDER_BARRIER, number_of_threads=2 * wg)
+                cute.arch.barrier_arrive(
+                    barrier_id=EPILOGUE_ORDER_BARRIER, number_of_threads=2 * wg
+                )
+        tiles_done = Int32(0)
+        while unit < scheduler.work_units:
+            tile_m_idx, tile_n_idx, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
+            if cutlass.const_expr(not self.cooperative):
+                cute.arch.barrier(barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg)
+            read_state, release_state = mainloop.mma_tile(
+                ab_pipeline, read_state, tiled_mma, accumulators, tCrA, tCrB, k_tiles
+            )
+            if cutlass.const_expr(not self.cooperative):
+                cute.arch.barrier_arrive(
+                    barrier_id=MMA_ORDER_BARRIER + 1 - consumer, number_of_threads=2 * wg
+                )
+            mainloop.drain(ab_pipeline, release_state)
+            if cutlass.const_expr(not self.cooperative):
+                read_state.advance(k_tiles)
+
+            if cutlass.const_expr(self.config.tma_store):
+                gC_tile = gC[(None, None, tile_m_idx, tile_n_idx, batch)]
+                if cutlass.const_expr(self.cooperative):
+                    epilogue.store_tile(
+                        accumulators,
+                        store_atom,
+                        gC_tile,
+                        tiles_done * epilogue.subtiles((tile_m, tile_n)),
+                        is_store_warp,
+                    )
+                else:
+                    cute.arch.barrier(
+                        barrier_id=EPILOGUE_ORDER_BARRIER + consumer, number_of_threads=2 * wg
+                    )
+                    epilogue.store_tile(accumulators, store_atom, gC_tile, 0, is_store_warp)
+                    # the other warpgroup reuses the shared buffers: let the stores read them
+                    epilogue.finish(is_store_warp)
+                    cute.arch.barrier_arrive(
+                        barrier_id=EPILOGUE_ORDER_BARRIER + 1 - consumer,
+                        number_of_threads=2 * wg,
+                    )
+            else:
+                store_direct(
+                    accumulators,
+                    thr_mma,
+                    gC[(None, None, tile_m_idx, tile_n_idx, batch)],
+                    coords[(None, None, tile_m_idx, tile_n_idx, batch)],
+                    (mC.shape[0], mC.shape[1]),
+                    self.out_dtype,
+                )
+            tiles_done += 1
+            unit += unit_step
+        if cutlass.const_expr(self.config.tma_store and self.cooperative):
+            epilogue.finish(is_store_warp)

@@ -1,0 +1,113 @@
+"""Hopper mainloop: a TMA producer warp filling a ring of A/B stages, WGMMA consumers draining it.
+
+The two sides meet in a `PipelineTmaAsync` (one full and one empty mbarrier per stage). The
+producer loads the k-tiles of every tile its CTA computes, in the order its scheduler gives;
+consumers take them in the same order. With clusters, each CTA loads a slice of an A (B) tile
+and multicasts it to the CTAs of its cluster row (column).
+"""
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32
+
+from gemmtune.kernels.scheduler import TileScheduler
+
+
+@cute.jit
+def produce(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    scheduler: TileScheduler,
+    cta_in_cluster: tuple,
+    tma_atom_a: cute.CopyAtom,
+    tAgA: cute.Tensor,
+    tAsA: cute.Tensor,
+    a_mcast_mask,
+    tma_atom_b: cute.CopyAtom,
+    tBgB: cute.Tensor,
+    tBsB: cute.Tensor,
+    b_mcast_mask,
+    k_tiles: Int32,
+    first_unit: Int32,
+    unit_stride: Int32,
+    num_stages: cutlass.Constexpr,
+):
+    """Load every k-tile of every unit this CTA takes; run by one warp."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
+    unit = first_unit
+    while unit < scheduler.work_units:
+        tile_m, tile_n, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
+        tAgA_tile = tAgA[(None, tile_m, None, batch)]
+        tBgB_tile = tBgB[(None, tile_n, None, batch)]
+        for k_tile in range(k_tiles):
+            # waits for the stage to be empty, then arms its full barrier with the byte count
+            ab_pipeline.producer_acquire(state)
+            full = ab_pipeline.producer_get_barrier(state)
+            cute.copy(
+                tma_atom_a,
+                tAgA_tile[(None, k_tile)],
+                tAsA[(None, state.index)],
+                tma_bar_ptr=full,
+                mcast_mask=a_mcast_mask,
+            )
+            cute.copy(
+                tma_atom_b,
+                tBgB_tile[(None, k_tile)],
+                tBsB[(None, state.index)],
+                tma_bar_ptr=full,
+                mcast_mask=b_mcast_mask,
+            )
+            ab_pipeline.producer_commit(state)
+            state.advance()
+        unit += unit_stride
+    # do not exit while peers may still arrive on this CTA's empty barriers
+    ab_pipeline.producer_tail(state)
+
+
+@cute.jit
+def mma_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    accumulators: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_tiles: Int32,
+):
+    """Accumulate one tile over all its k-tiles; `read_state` ends on the next tile's first.
+
+    One WGMMA batch (a k-tile) stays in flight: after issuing k-tile i the warpgroup waits for
+    k-tile i-1 to retire and only then frees its stage. Returns the state to pass on.
+    """
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    release_state = read_state.clone()
+    accumulators.fill(0.0)
+    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+
+    ab_pipeline.consumer_wait(read_state)
+    cute.nvgpu.warpgroup.fence()
+    for k_block in cutlass.range_constexpr(num_k_blocks):
+        coord = (None, None, k_block, read_state.index)
+        cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
+    cute.nvgpu.warpgroup.commit_group()
+    read_state.advance()
+
+    for _ in range(1, k_tiles):
+        ab_pipeline.consumer_wait(read_state)
+        cute.nvgpu.warpgroup.fence()
+        for k_block in cutlass.range_constexpr(num_k_blocks):
+            coord = (None, None, k_block, read_state.index)
+            cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(1)
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
+        read_state.advance()
+    return read_state, release_state
+
+
+@cute.jit
+def drain(ab_pipeline: pipeline.PipelineTmaAsync, release_state: pipeline.PipelineState):
+    """Wait for the last WGMMA batch and free its stage."""
+    cute.nvgpu.warpgroup.wait_group(0)
+    ab_pipeline.consumer_release(release_state)

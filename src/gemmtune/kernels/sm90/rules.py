@@ -1,0 +1,152 @@
+"""What the Hopper kernel implements, what it can serve, and how it spends shared memory.
+
+Plain Python, importable without the DSL: the kernel reads its stage counts and epilogue tile
+from here, and the search space asks here which configs are valid. There is no second copy
+of these rules anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gemmtune.config import Decomposition, GemmConfig, Schedule
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.problem import DTYPE_NAMES, GemmProblem
+
+#: Shared memory one CTA may use on sm_90 (227 KB), `cutlass.utils.get_smem_capacity_in_bytes`.
+SMEM_CAPACITY = 232448
+#: Kept back for mbarriers and alignment padding.
+SMEM_RESERVED = 1024
+#: K extent of a tile: four k16 WGMMAs, one 128-byte swizzle atom of a 16-bit K-major row.
+TILE_K = 64
+AB_BYTES = 2  # bf16 and fp16
+
+THREADS_PER_WARPGROUP = 128
+#: Registers per thread after `setmaxnreg`: the producer gives up what the consumers take.
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+#: Accumulator registers a consumer thread may hold and still leave room for addressing,
+#: the epilogue's conversion and the pipeline state without spilling.
+MAX_ACCUMULATOR_REGISTERS = 192
+
+TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 256), Schedule.PINGPONG: (64, 128)}
+# multiples of 32, so that the epilogue's 32-column sub-tiles divide the tile
+TILE_N_CHOICES = tuple(range(64, 257, 32))
+CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
+EPI_TILE_N = 32
+MIN_AB_STAGES = 2
+
+
+@dataclass(frozen=True)
+class SmemPlan:
+    """How one CTA's shared memory is split between the A/B pipeline and the epilogue."""
+
+    ab_stages: int
+    epi_stages: int
+    ab_stage_bytes: int
+    epi_stage_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.ab_stages * self.ab_stage_bytes
+            + self.epi_stages * self.epi_stage_bytes
+            + SMEM_RESERVED
+        )
+
+
+def mma_tile_m(config: GemmConfig) -> int:
+    """Rows one MMA pass covers: both warpgroups (cooperative) or one (ping-pong), 64 each."""
+    return 128 if config.schedule is Schedule.COOPERATIVE else 64
+
+
+def accumulator_registers(config: GemmConfig) -> int:
+    """fp32 accumulator registers each consumer thread holds for its (share of a) tile."""
+    rows_per_warpgroup = config.tile_m // (2 if config.schedule is Schedule.COOPERATIVE else 1)
+    return rows_per_warpgroup * config.tile_n // THREADS_PER_WARPGROUP
+
+
+def epi_tile(config: GemmConfig) -> tuple[int, int]:
+    """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide."""
+    return mma_tile_m(config), EPI_TILE_N
+
+
+def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
+    """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
+    A/B stages as fit in the rest."""
+    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K * AB_BYTES
+    if config.tma_store:
+        epi_m, epi_n = epi_tile(config)
+        epi_stage_bytes = epi_m * epi_n * signature.out_bytes
+        subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
+        epi_stages = min(subtiles, 4 if signature.out_bytes == 2 else 2)
+    else:
+        epi_stage_bytes, epi_stages = 0, 0
+    free = SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes
+    return SmemPlan(free // ab_stage_bytes, epi_stages, ab_stage_bytes, epi_stage_bytes)
+
+
+def implements(config: GemmConfig) -> str | None:
+    """Why the Hopper kernel cannot be built for `config`, or None when it can."""
+    if config.arch != "sm_90":
+        return f"the Hopper kernel compiles for sm_90, not {config.arch}"
+    allowed_m = TILE_M_BY_SCHEDULE[config.schedule]
+    if config.tile_m not in allowed_m:
+        return f"{config.schedule.value} tiles have tile_m in {allowed_m}, not {config.tile_m}"
+    if config.tile_n not in TILE_N_CHOICES:
+        return f"tile_n must be one of {TILE_N_CHOICES}, not {config.tile_n}"
+    if (config.cluster_m, config.cluster_n) not in CLUSTER_SHAPES:
+        return f"cluster {config.cluster_m}x{config.cluster_n} is not one of {CLUSTER_SHAPES}"
+    regs = accumulator_registers(config)
+    if regs > MAX_ACCUMULATOR_REGISTERS:
+        return (
+            f"a {config.tile_m}x{config.tile_n} {config.schedule.value} tile needs {regs} "
+            f"accumulator registers per thread, more than {MAX_ACCUMULATOR_REGISTERS}"
+        )
+    if config.decomposition is not Decomposition.DATA_PARALLEL:
+        return f"the {config.decomposition.value} decomposition is not implemented yet"
+    plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
+    if plan.ab_stages < MIN_AB_STAGES:
+        return f"only {plan.ab_stages} A/B stages fit in shared memory"
+    return None
+
+
+def implemented_configs() -> list[GemmConfig]:
+    """Every data-parallel config the kernel implements, runtime fields at their defaults."""
+    configs = []
+    for schedule, tile_ms in TILE_M_BY_SCHEDULE.items():
+        for tile_m in tile_ms:
+            for tile_n in TILE_N_CHOICES:
+                for cluster_m, cluster_n in CLUSTER_SHAPES:
+                    for tma_store in (True, False):
+                        config = GemmConfig(
+                            tile_m=tile_m,
+                            tile_n=tile_n,
+                            cluster_m=cluster_m,
+                            cluster_n=cluster_n,
+                            schedule=schedule,
+                            tma_store=tma_store,
+                        )
+                        if implements(config) is None:
+                            configs.append(config)
+    return configs
+
+
+def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
+    """Why `config` cannot compute `problem`, or None when it can."""
+    if not problem.supported:
+        return str(problem.fallback_reason)
+    why = implements(config)
+    if why:
+        return why
+    if problem.arch.value != config.arch:
+        return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
+    if problem.a_dtype != problem.b_dtype or DTYPE_NAMES.get(problem.a_dtype) not in (
+        "bf16",
+        "fp16",
+    ):
+        return "A and B must both be bf16 or both fp16"
+    plan = smem_plan(config, KernelSignature.of(problem))
+    if plan.ab_stages < MIN_AB_STAGES:
+        return f"only {plan.ab_stages} A/B stages fit in shared memory"
+    return None
