@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class CompiledGemm:
     function: Any
     compile_s: float
     ptx: str | None = None
+    sass: str | None = None
 
     def __call__(self, a, b, out, along_n: int, swizzle: int, max_active_clusters: int) -> None:
         self.function(a, b, out, along_n, swizzle, max_active_clusters)
@@ -125,9 +127,13 @@ def fake_arguments(signature: KernelSignature) -> tuple:
 
 
 def compile_gemm(
-    config: GemmConfig, signature: KernelSignature, *, keep_ptx: bool = False
+    config: GemmConfig, signature: KernelSignature, *, keep: tuple[str, ...] = ()
 ) -> CompiledGemm:
-    """Compile the kernel `config` names for `signature`, for the DSL's current target."""
+    """Compile the kernel `config` names for `signature`, for the DSL's current target.
+
+    `keep` may name "ptx" and "sass" to keep those on the result (SASS needs nvdisasm, from
+    the `nvidia-cuda-nvdisasm` wheel or a CUDA toolkit).
+    """
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
@@ -141,7 +147,9 @@ def compile_gemm(
     a, b, c = fake_arguments(signature)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
-        options = "--enable-tvm-ffi" + (f" --keep-ptx --dump-dir {dump}" if keep_ptx else "")
+        options = " ".join(["--enable-tvm-ffi", *(f"--keep-{what}" for what in keep)])
+        if keep:
+            options += f" --dump-dir {dump}"
         function = cute.compile(
             gemm,
             a,
@@ -153,7 +161,38 @@ def compile_gemm(
             stream,
             options=options,
         )
+        ptx = function.__ptx__ if "ptx" in keep else None
+        sass = function.__sass__ if "sass" in keep else None
     elapsed = time.perf_counter() - start
     log.debug("compiled %s for %s in %.2f s", config.compile_key, signature.key, elapsed)
-    ptx = function.artifacts.PTX if keep_ptx else None
-    return CompiledGemm(config, signature, function, elapsed, ptx)
+    return CompiledGemm(config, signature, function, elapsed, ptx, sass)
+
+
+@dataclass(frozen=True)
+class BinaryReport:
+    """What the compiler made of one kernel: the instructions we insist on, and spills."""
+
+    config_key: str
+    signature_key: str
+    compile_s: float
+    wgmma_in_ptx: bool
+    hgmma_in_sass: int
+    local_memory_ops: int  # STL/LDL in SASS: register spills or local arrays
+
+    @property
+    def ok(self) -> bool:
+        return self.wgmma_in_ptx and self.hgmma_in_sass > 0 and self.local_memory_ops == 0
+
+
+def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport:
+    """Compile with PTX and SASS kept, and count what matters in them."""
+    kernel = compile_gemm(config, signature, keep=("ptx", "sass"))
+    sass = kernel.sass or ""
+    return BinaryReport(
+        config_key=config.compile_key,
+        signature_key=signature.key,
+        compile_s=kernel.compile_s,
+        wgmma_in_ptx="wgmma.mma_async" in (kernel.ptx or ""),
+        hgmma_in_sass=len(re.findall(r"\bHGMMA\b", sass)),
+        local_memory_ops=len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+    )

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
+# the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
+# Steps: doctor, tests, kernel, launch (default: all). Results and logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/gemmtune-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+steps=${*:-doctor tests kernel launch}
+for step in $steps; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  case $step in
+    doctor) python3 -m gemmtune doctor 2>&1 | tee "$OUT/doctor.txt" ;;
+    tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
+    kernel) timeout 420 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
+    launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

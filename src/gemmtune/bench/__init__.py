@@ -1,0 +1,1 @@
+"""Timing and verification of GEMM candidates."""

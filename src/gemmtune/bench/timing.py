@@ -1,0 +1,75 @@
+"""Timing device work honestly: CUDA events, warm-up by time, cold L2, median of many runs."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per run: median and spread over `runs` timed runs."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: how noisy the runs were."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms else 0.0
+
+
+class L2Flusher:
+    """Evicts the GPU's L2 by writing a buffer twice its size (what `triton.testing.do_bench`
+    does), so every timed run reads its inputs from HBM."""
+
+    def __init__(self, device: torch.device | int | None = None):
+        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+        size = max(2 * getattr(props, "L2_cache_size", 64 << 20), 64 << 20)
+        self.buffer = torch.empty(size // 4, dtype=torch.int32, device=device or "cuda")
+
+    def __call__(self) -> None:
+        self.buffer.zero_()
+
+
+def time_cuda(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 25.0,
+    runs: int = 100,
+    flush: Callable[[], None] | None = None,
+) -> Timing:
+    """Time `fn` (which launches work on the current stream) with CUDA events.
+
+    Warm-up lasts at least `warmup_ms` of device time; then each of `runs` runs is timed on
+    its own, after `flush` (outside the timed region) when one is given.
+    """
+    stream = torch.cuda.current_stream()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    stream.synchronize()
+    warm = 0.0
+    while warm < warmup_ms:
+        start.record()
+        for _ in range(5):
+            fn()
+        stop.record()
+        stop.synchronize()
+        warm += start.elapsed_time(stop)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for begin, end in zip(starts, stops, strict=True):
+        if flush is not None:
+            flush()
+        begin.record()
+        fn()
+        end.record()
+    stream.synchronize()
+    times = sorted(b.elapsed_time(e) for b, e in zip(starts, stops, strict=True))
+    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
+    return Timing(statistics.median(times), deciles[0], deciles[-1], runs)

@@ -1,0 +1,101 @@
+"""Compile many kernels at once, in worker processes.
+
+Each worker is a spawned (not forked) Python process with `CUTE_DSL_ARCH` set before it
+imports `cutlass`; it compiles a kernel and exports it as an object file, which the caller
+loads in about a millisecond (`kernels.build.load_gemm`). A compile that crashes or hangs
+costs its worker, never the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    config: GemmConfig
+    signature: KernelSignature
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.compile_key}__{self.signature.key}"
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    job: CompileJob
+    path: Path | None
+    compile_s: float
+    error: str | None = None
+
+
+def _init_worker(target: str) -> None:
+    os.environ["CUTE_DSL_ARCH"] = target
+
+
+def _compile_one(config_json: str, signature: dict, out_dir: str) -> tuple[str, float]:
+    from gemmtune.kernels.build import compile_gemm, export_gemm
+
+    job = CompileJob(GemmConfig.from_json(config_json), KernelSignature(**signature))
+    kernel = compile_gemm(job.config, job.signature)
+    path = Path(out_dir) / f"{job.name}.o"
+    export_gemm(kernel, path)
+    return str(path), kernel.compile_s
+
+
+def _inspect_one(config_json: str, signature: dict):
+    from gemmtune.kernels.build import inspect_gemm
+
+    return inspect_gemm(GemmConfig.from_json(config_json), KernelSignature(**signature))
+
+
+def _pool(jobs: list[CompileJob], target: str, workers: int | None) -> ProcessPoolExecutor:
+    workers = workers or max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(target,),
+    )
+
+
+def _args(job: CompileJob) -> tuple[str, dict]:
+    return job.config.to_json(), dataclasses.asdict(job.signature)
+
+
+def compile_all(
+    jobs: list[CompileJob], out_dir: Path, *, target: str = "sm_90a", workers: int | None = None
+) -> list[CompileOutcome]:
+    """Compile `jobs` in parallel into `out_dir`; failures are reported, not raised."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    with _pool(jobs, target, workers) as pool:
+        futures = {pool.submit(_compile_one, *_args(job), str(out_dir)): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                path, seconds = future.result()
+                outcomes.append(CompileOutcome(job, Path(path), seconds))
+            except Exception as exc:  # a compile error, or the worker died
+                log.warning("compile of %s failed: %s", job.name, exc)
+                outcomes.append(CompileOutcome(job, None, 0.0, f"{type(exc).__name__}: {exc}"))
+    return outcomes
+
+
+def inspect_all(
+    jobs: list[CompileJob], *, target: str = "sm_90a", workers: int | None = None
+) -> list:
+    """`kernels.build.inspect_gemm` for every job, in parallel, in job order."""
+    with _pool(jobs, target, workers) as pool:
+        return list(pool.map(_inspect_one, *zip(*(_args(job) for job in jobs), strict=True)))
