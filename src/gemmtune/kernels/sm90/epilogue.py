@@ -74,12 +74,12 @@ class TmaStoreEpilogue:
         is_store_warp: cutlass.Boolean,
     ):
         """Write one tile; `ring_start` counts the sub-tiles stored before it by this group."""
-        # (R2S, R2S_M, R2S_N) over the whole tile, then split into sub-tiles
+        # The accumulators in the copy's register order: sub-tile i (row-major over the
+        # sub-tile grid) is registers [i * S, (i + 1) * S) of this identity-ordered view.
         tRS_rAcc = self.tiled_copy_r2s.retile(accumulators)
-        sub_acc = cute.zipped_divide(
-            tRS_rAcc,
-            (cute.size(tRS_rAcc, mode=[0]), self.sub_shape[1], self.sub_shape[2]),
-        )
+        sub_size = cute.size(self.sub_shape)
+        if cutlass.const_expr(any(tRS_rAcc.layout(i) != i for i in range(cute.size(tRS_rAcc)))):
+            raise ValueError(f"accumulator view {tRS_rAcc.layout} is not in register order")
         gC_epi = cute.zipped_divide(gC_tile, self.epi_tile)
         bSG_sC, bSG_gC = cute.nvgpu.cpasync.tma_partition(
             tma_atom_c,
@@ -95,9 +95,8 @@ class TmaStoreEpilogue:
         for sub_m in cutlass.range_constexpr(subtiles_m):
             for sub_n in cutlass.range_constexpr(subtiles_n):
                 sub = sub_m * subtiles_n + sub_n
-                acc_sub = sub_acc[(None, (0, sub_m, sub_n))]
-                for v in cutlass.range_constexpr(cute.size(tRS_rC)):
-                    tRS_rC[v] = acc_sub[v]
+                for v in cutlass.range_constexpr(sub_size):
+                    tRS_rC[v] = tRS_rAcc[sub * sub_size + v]
                 tRS_rOut.store(tRS_rC.load().to(self.out_dtype))
                 buffer = (ring_start + sub) % self.epi_stages
                 # the buffer's previous TMA store must have finished reading it
