@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, tflops, write_results
 
-from gemmtune.bench.timing import L2Flusher, time_cuda
+from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import GemmConfig, Raster
 from gemmtune.kernels.build import load_gemm, runtime_args
@@ -139,14 +139,19 @@ def bench_shape(shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: 
 
     cublas()
     cublas_err = rel_err(cublas_out, ref)
-    final = []
-    cublas_times = [time_cuda(cublas, runs=runs, flush=flush).median_ms]
-    for _, config, err in variants[:3]:
-        final.append((time_cuda(launcher(config), runs=runs, flush=flush).median_ms, config, err))
-    cublas_times.append(time_cuda(cublas, runs=runs, flush=flush).median_ms)
-    final.sort(key=lambda x: x[0])
+    finalists = variants[:3]
+    timings = time_side_by_side(
+        [cublas] + [launcher(config) for _, config, _ in finalists], runs=runs, flush=flush
+    )
+    cublas_ms = timings[0].median_ms
+    final = sorted(
+        (
+            (t.median_ms, config, err)
+            for t, (_, config, err) in zip(timings[1:], finalists, strict=True)
+        ),
+        key=lambda x: x[0],
+    )
     best_ms, best, best_err = final[0]
-    cublas_ms = sorted(cublas_times)[0]
     by_schedule = {}
     for ms, config, _ in screened:
         by_schedule.setdefault(config.schedule.value, (ms, config.key))
@@ -200,8 +205,9 @@ def main() -> None:
     method = (
         f"CUDA events per run, 25 ms warm-up, L2 flushed (2x L2 buffer zeroed) before each run, "
         f"median of {args.runs} runs; candidates screened with 10 runs, top 3 swept over raster "
-        f"and swizzle, top 3 variants timed in full with cuBLAS (torch.mm) before and after "
-        f"(cuBLAS: the better of the two); inputs torch.randn, A (m,k) and B (k,n) row-major, "
+        f"and swizzle, then cuBLAS (torch.mm) and the top 3 variants timed side by side, run by "
+        f"run in turn (same clocks and temperature for all); inputs torch.randn, A (m,k) and "
+        f"B (k,n) row-major, "
         f"output row-major, same tensors for every contender; every candidate verified against "
         f"a float32 reference (rel. Frobenius error < {TOLERANCE}) before timing"
     )

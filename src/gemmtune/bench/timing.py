@@ -37,6 +37,53 @@ class L2Flusher:
         self.buffer.zero_()
 
 
+def _timing(times: list[float]) -> Timing:
+    times = sorted(times)
+    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
+    return Timing(statistics.median(times), deciles[0], deciles[-1], len(times))
+
+
+def _warm_up(fns: list[Callable[[], object]], warmup_ms: float) -> None:
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for fn in fns:
+        fn()
+    torch.cuda.current_stream().synchronize()
+    warm = 0.0
+    while warm < warmup_ms:
+        start.record()
+        for _ in range(5):
+            for fn in fns:
+                fn()
+        stop.record()
+        stop.synchronize()
+        warm += start.elapsed_time(stop)
+
+
+def time_side_by_side(
+    fns: list[Callable[[], object]],
+    *,
+    warmup_ms: float = 25.0,
+    runs: int = 100,
+    flush: Callable[[], None] | None = None,
+) -> list[Timing]:
+    """Time several functions run by run in turn (a, b, c, a, b, c, ...), so that every one
+    meets the same clocks and temperature: the fair way to compare contenders."""
+    _warm_up(fns, warmup_ms)
+    events = [
+        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+        for _ in range(runs)
+    ]
+    for run in events:
+        for fn, (begin, end) in zip(fns, run, strict=True):
+            if flush is not None:
+                flush()
+            begin.record()
+            fn()
+            end.record()
+    torch.cuda.current_stream().synchronize()
+    return [_timing([run[i][0].elapsed_time(run[i][1]) for run in events]) for i in range(len(fns))]
+
+
 def time_cuda(
     fn: Callable[[], object],
     *,
@@ -49,27 +96,4 @@ def time_cuda(
     Warm-up lasts at least `warmup_ms` of device time; then each of `runs` runs is timed on
     its own, after `flush` (outside the timed region) when one is given.
     """
-    stream = torch.cuda.current_stream()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    stream.synchronize()
-    warm = 0.0
-    while warm < warmup_ms:
-        start.record()
-        for _ in range(5):
-            fn()
-        stop.record()
-        stop.synchronize()
-        warm += start.elapsed_time(stop)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    stops = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    for begin, end in zip(starts, stops, strict=True):
-        if flush is not None:
-            flush()
-        begin.record()
-        fn()
-        end.record()
-    stream.synchronize()
-    times = sorted(b.elapsed_time(e) for b, e in zip(starts, stops, strict=True))
-    deciles = statistics.quantiles(times, n=10) if len(times) > 1 else [times[0]] * 9
-    return Timing(statistics.median(times), deciles[0], deciles[-1], runs)
+    return time_side_by_side([fn], warmup_ms=warmup_ms, runs=runs, flush=flush)[0]

@@ -39,9 +39,11 @@ def produce(
         tile_m, tile_n, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
         tAgA_tile = tAgA[(None, tile_m, None, batch)]
         tBgB_tile = tBgB[(None, tile_n, None, batch)]
+        empty = ab_pipeline.producer_try_acquire(state)
         for k_tile in range(k_tiles):
-            # waits for the stage to be empty, then arms its full barrier with the byte count
-            ab_pipeline.producer_acquire(state)
+            # waits for the stage to be empty (unless the early test saw it so), then arms its
+            # full barrier with the byte count
+            ab_pipeline.producer_acquire(state, empty)
             full = ab_pipeline.producer_get_barrier(state)
             cute.copy(
                 tma_atom_a,
@@ -59,6 +61,7 @@ def produce(
             )
             ab_pipeline.producer_commit(state)
             state.advance()
+            empty = ab_pipeline.producer_try_acquire(state)
         unit += unit_stride
     # do not exit while peers may still arrive on this CTA's empty barriers
     ab_pipeline.producer_tail(state)
@@ -77,7 +80,9 @@ def mma_tile(
     """Accumulate one tile over all its k-tiles; `read_state` ends on the next tile's first.
 
     One WGMMA batch (a k-tile) stays in flight: after issuing k-tile i the warpgroup waits for
-    k-tile i-1 to retire and only then frees its stage. Returns the state to pass on.
+    k-tile i-1 to retire and only then frees its stage. The next stage's barrier is tested
+    before that wait, so its latency hides behind the tensor cores. Returns the states to
+    pass on (the next read, and the stage still to be freed).
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     release_state = read_state.clone()
@@ -91,18 +96,20 @@ def mma_tile(
         cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
     cute.nvgpu.warpgroup.commit_group()
     read_state.advance()
+    full = ab_pipeline.consumer_try_wait(read_state)
 
     for _ in range(1, k_tiles):
-        ab_pipeline.consumer_wait(read_state)
+        ab_pipeline.consumer_wait(read_state, full)
         cute.nvgpu.warpgroup.fence()
         for k_block in cutlass.range_constexpr(num_k_blocks):
             coord = (None, None, k_block, read_state.index)
             cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
         cute.nvgpu.warpgroup.commit_group()
+        read_state.advance()
+        full = ab_pipeline.consumer_try_wait(read_state)
         cute.nvgpu.warpgroup.wait_group(1)
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
-        read_state.advance()
     return read_state, release_state
 
 

@@ -1,0 +1,60 @@
+"""Compile-only lane for the Hopper kernel (no GPU needed): every config the kernel implements
+compiles for sm_90a, its PTX holds `wgmma`, its SASS holds HGMMA and no local-memory traffic
+(no spills); every dtype, layout and rank compiles too."""
+
+import itertools
+import shutil
+
+import pytest
+
+from gemmtune.compile_pool import CompileJob, inspect_all
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.sm90 import rules
+from gemmtune.kernels.signature import KernelSignature
+
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(1500)]
+
+needs_nvdisasm = pytest.mark.skipif(
+    shutil.which("nvdisasm") is None and not __import__("importlib").util.find_spec("nvidia"),
+    reason="SASS needs nvdisasm (the nvidia-cuda-nvdisasm wheel, in the dev extra)",
+)
+
+
+def _check(jobs):
+    reports = inspect_all(jobs, workers=2)
+    bad = [r for r in reports if not r.ok]
+    assert not bad, "\n".join(map(str, bad))
+    return reports
+
+
+@needs_nvdisasm
+def test_every_implemented_config_compiles_to_hgmma_without_spills():
+    configs = rules.implemented_configs()
+    assert len(configs) == 192
+    reports = _check([CompileJob(c, KernelSignature()) for c in configs])
+    assert {r.config_key for r in reports} == {c.compile_key for c in configs}
+
+
+SIGNATURES = [
+    KernelSignature(ab, out, am, bm, om, batched)
+    for ab, out, (am, bm), om, batched in itertools.product(
+        ("bf16", "fp16"),
+        ("bf16", "fp16", "fp32"),
+        (("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")),
+        ("n", "m"),
+        (False, True),
+    )
+]
+
+
+@needs_nvdisasm
+def test_every_signature_compiles():
+    # one cooperative and one ping-pong config per signature, alternating the epilogue
+    configs = [
+        GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
+        GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_n=2, tma_store=False),
+        GemmConfig(tile_m=256, tile_n=128, tma_store=False),
+        GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", cluster_m=2, cluster_n=2),
+    ]
+    jobs = [CompileJob(configs[i % len(configs)], sig) for i, sig in enumerate(SIGNATURES)]
+    _check(jobs)
