@@ -2,6 +2,7 @@
 compiles for sm_90a, its PTX holds `wgmma`, its SASS holds HGMMA and no local-memory traffic
 (no spills); every dtype, layout and rank compiles too."""
 
+import importlib.metadata as metadata
 import itertools
 import shutil
 
@@ -9,14 +10,22 @@ import pytest
 
 from gemmtune.compile_pool import CompileJob, inspect_all
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.sm90 import rules
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90 import rules
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(1500)]
 
+
+def _has_nvdisasm() -> bool:
+    try:
+        metadata.version("nvidia-cuda-nvdisasm")
+        return True
+    except metadata.PackageNotFoundError:
+        return shutil.which("nvdisasm") is not None
+
+
 needs_nvdisasm = pytest.mark.skipif(
-    shutil.which("nvdisasm") is None and not __import__("importlib").util.find_spec("nvidia"),
-    reason="SASS needs nvdisasm (the nvidia-cuda-nvdisasm wheel, in the dev extra)",
+    not _has_nvdisasm(), reason="SASS needs nvdisasm (nvidia-cuda-nvdisasm, in the dev extra)"
 )
 
 
