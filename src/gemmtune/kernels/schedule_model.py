@@ -20,7 +20,7 @@ is narrower when S does not divide the number of clusters. The batch index varie
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import abc
 from dataclasses import dataclass
 
 
@@ -95,24 +95,45 @@ def unit_coord(
 
 
 @dataclass(frozen=True)
-class DataParallelSchedule:
-    """Each work unit is computed whole (all of K) by one cluster."""
+class WorkItem:
+    """A range of k-tiles of one work unit that one cluster computes without interruption.
+
+    When several items share a unit (`segments` > 1) their partial sums meet in a workspace
+    slot through a turnstile: the item of rank 0 writes its partial and raises the unit's
+    flag to 1; rank r waits for flag == r, adds the partial to its own, writes it back and
+    raises the flag; the last rank (`segments - 1`) waits, adds, lowers the flag back to 0 and
+    runs the epilogue. The order never depends on timing, so results are deterministic.
+    """
+
+    unit: int
+    k_begin: int
+    k_end: int
+    rank: int = 0
+    segments: int = 1
+    slot: int = -1  # workspace slot of the unit; -1 when the unit is not shared
+
+    @property
+    def final(self) -> bool:
+        return self.rank == self.segments - 1
+
+
+@dataclass(frozen=True)
+class Schedule(abc.ABC):
+    """A decomposition of the work: which items each persistent cluster computes, in order.
+
+    `grid_clusters` must not exceed the clusters that are resident at once: items wait on
+    items of other clusters, which therefore must all be running.
+    """
 
     grid: TileGrid
+    k_tiles: int
+    grid_clusters: int
     along_n: bool = False
     swizzle: int = 1
 
     def unit_coord(self, unit: int) -> tuple[int, int, int]:
         g = self.grid
         return unit_coord(unit, g.clusters_m, g.clusters_n, int(self.along_n), self.swizzle)
-
-    def order(self) -> list[tuple[int, int, int]]:
-        """Cluster coordinates (m, n, batch) of the work units, in unit order."""
-        return [self.unit_coord(u) for u in range(self.grid.work_units)]
-
-    def units_of_cluster(self, cluster: int, grid_clusters: int) -> Iterator[int]:
-        """The units persistent cluster `cluster` of `grid_clusters` works on, in order."""
-        return iter(range(cluster, self.grid.work_units, grid_clusters))
 
     def tiles_of_unit(self, unit: int) -> list[tuple[int, int, int]]:
         """The (tile_m_idx, tile_n_idx, batch) of every CTA of the cluster working on `unit`,
@@ -125,3 +146,180 @@ class DataParallelSchedule:
             for y in range(g.cluster_n)
             for x in range(g.cluster_m)
         ]
+
+    @abc.abstractmethod
+    def items(self, cluster: int) -> list[WorkItem]:
+        """The items persistent cluster `cluster` computes, in order."""
+
+    @property
+    def workspace_slots(self) -> int:
+        """Units that are shared between items (each needs a partial tile and a flag per CTA)."""
+        return 0
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of fp32 partial tiles plus int32 flags the schedule needs."""
+        g = self.grid
+        tiles = self.workspace_slots * g.cluster_m * g.cluster_n
+        return tiles * (g.tile_m * g.tile_n * 4 + 4)
+
+
+@dataclass(frozen=True)
+class DataParallelSchedule(Schedule):
+    """Each unit is computed whole by one cluster: cluster c takes units c, c+G, c+2G, ..."""
+
+    def items(self, cluster: int) -> list[WorkItem]:
+        return [
+            WorkItem(unit, 0, self.k_tiles)
+            for unit in range(cluster, self.grid.work_units, self.grid_clusters)
+        ]
+
+
+def balanced_range(index: int, parts: int, total: int) -> tuple[int, int]:
+    """[begin, end) of part `index` when `total` is cut into `parts` near-equal parts (the
+    first `total % parts` parts are one longer)."""
+    q, r = divmod(total, parts)
+    begin = index * q + min(index, r)
+    return begin, begin + q + (1 if index < r else 0)
+
+
+def part_of(position: int, parts: int, total: int) -> int:
+    """Which part of `balanced_range` holds `position`."""
+    q, r = divmod(total, parts)
+    long_parts = r * (q + 1)
+    if position < long_parts:
+        return position // (q + 1)
+    return r + (position - long_parts) // max(q, 1)
+
+
+@dataclass(frozen=True)
+class SplitKSchedule(Schedule):
+    """Every unit's k-tiles are cut into `splits` near-equal ranges, each its own item.
+
+    Items are numbered unit-major (the splits of a unit are consecutive) and handed out like
+    units in the data-parallel schedule; an item only ever waits on a lower-numbered item, so
+    the schedule cannot deadlock. Splits beyond the number of k-tiles are dropped.
+    """
+
+    splits: int = 2
+
+    @property
+    def effective_splits(self) -> int:
+        return max(1, min(self.splits, self.k_tiles))
+
+    def items(self, cluster: int) -> list[WorkItem]:
+        s = self.effective_splits
+        out = []
+        for item in range(cluster, self.grid.work_units * s, self.grid_clusters):
+            unit, split = divmod(item, s)
+            k_begin, k_end = balanced_range(split, s, self.k_tiles)
+            out.append(WorkItem(unit, k_begin, k_end, split, s, unit))
+        return out
+
+    @property
+    def workspace_slots(self) -> int:
+        return self.grid.work_units if self.effective_splits > 1 else 0
+
+
+@dataclass(frozen=True)
+class StreamKSchedule(Schedule):
+    """Hybrid stream-K: whole waves of units run data-parallel first; the units of the last
+    partial wave, plus one full wave when there is one, are the stream-K region: their MAC
+    iterations (unit x k-tile, unit-major) are cut into one near-equal contiguous range per
+    cluster. A unit whose iterations span several clusters is reduced in the turnstile from its
+    last k-tiles (the cluster that started with them) to its first (the cluster that reached
+    them last), which runs the epilogue.
+    """
+
+    @property
+    def sk_units(self) -> int:
+        units, clusters = self.grid.work_units, self.grid_clusters
+        tail = units % clusters
+        if units <= clusters or tail == 0:
+            return units if units < clusters else 0
+        return min(units, tail + clusters)
+
+    @property
+    def dp_units(self) -> int:
+        return self.grid.work_units - self.sk_units
+
+    @property
+    def sk_iterations(self) -> int:
+        return self.sk_units * self.k_tiles
+
+    def items(self, cluster: int) -> list[WorkItem]:
+        out = [
+            WorkItem(unit, 0, self.k_tiles)
+            for unit in range(cluster, self.dp_units, self.grid_clusters)
+        ]
+        begin, end = balanced_range(cluster, self.grid_clusters, self.sk_iterations)
+        it = begin
+        while it < end:
+            local_unit, k_begin = divmod(it, self.k_tiles)
+            k_end = min(self.k_tiles, k_begin + end - it)
+            unit_start = local_unit * self.k_tiles
+            first = part_of(unit_start, self.grid_clusters, self.sk_iterations)
+            last = part_of(unit_start + self.k_tiles - 1, self.grid_clusters, self.sk_iterations)
+            segments = last - first + 1
+            slot = local_unit if segments > 1 else -1
+            out.append(
+                WorkItem(self.dp_units + local_unit, k_begin, k_end, last - cluster, segments, slot)
+            )
+            it += k_end - k_begin
+        return out
+
+    @property
+    def workspace_slots(self) -> int:
+        return self.sk_units
+
+
+def make_schedule(
+    decomposition: str,
+    grid: TileGrid,
+    k_tiles: int,
+    max_active_clusters: int,
+    *,
+    splits: int = 1,
+    along_n: bool = False,
+    swizzle: int = 1,
+) -> Schedule:
+    """The schedule of `decomposition` ("data_parallel", "split_k", "stream_k") for a problem."""
+    common = {
+        "grid": grid,
+        "k_tiles": k_tiles,
+        "along_n": along_n,
+        "swizzle": swizzle,
+    }
+    if decomposition == "split_k":
+        items = grid.work_units * max(1, min(splits, k_tiles))
+        clusters = max(1, min(items, max_active_clusters))
+        return SplitKSchedule(grid_clusters=clusters, splits=splits, **common)
+    clusters = grid.grid_clusters(max_active_clusters)
+    if decomposition == "stream_k":
+        # stream-K keeps every resident cluster busy, even when there are fewer units
+        return StreamKSchedule(grid_clusters=max_active_clusters, **common)
+    return DataParallelSchedule(grid_clusters=clusters, **common)
+
+
+def suggest_decomposition(
+    grid: TileGrid, k_tiles: int, max_active_clusters: int
+) -> tuple[str, int]:
+    """A first guess at (decomposition, splits) for a problem, before anything is timed.
+
+    The rule follows CUTLASS's: data-parallel when the last wave is empty or at least half
+    full; stream-K when a wave or more runs with a thin last wave, or when the units fill
+    more than half of the GPU; split-K when the units leave most of the GPU idle and K is long
+    enough to give each split at least four k-tiles.
+    """
+    units, clusters = grid.work_units, max_active_clusters
+    if units >= clusters:
+        tail = units % clusters
+        if tail == 0 or 2 * tail >= clusters:
+            return "data_parallel", 1
+        return "stream_k", 1
+    if 2 * units > clusters:
+        return "stream_k", 1
+    splits = min(16, clusters // units, k_tiles // 4)
+    if splits >= 2:
+        return "split_k", splits
+    return ("stream_k", 1) if k_tiles >= 8 else ("data_parallel", 1)
