@@ -44,6 +44,9 @@ def test_keys_are_distinct_and_compile_key_ignores_runtime_fields():
     assert other.raster is Raster.ALONG_N and other.swizzle == 4
     assert other.compile_key == base.compile_key
     assert other.key != base.key
+    split = GemmConfig(decomposition="split_k", splits=2)
+    assert split.with_runtime(splits=8).compile_key == split.compile_key
+    assert split.with_runtime(splits=8).key == split.key.replace("_sk2_", "_sk8_")
 
 
 def test_strings_become_enums_and_config_is_frozen():

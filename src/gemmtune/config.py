@@ -1,8 +1,9 @@
 """`GemmConfig`: the one description of a kernel variant.
 
-A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, epilogue,
-decomposition); its *runtime* fields (raster order, swizzle) are kernel arguments, so sweeping
-them costs a launch, never a compile. `key` names the whole variant, `compile_key` the binary.
+A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, schedule,
+epilogue, decomposition); its *runtime* fields (split count, raster order, swizzle) are kernel
+arguments, so sweeping them costs a launch, never a compile. `key` names the whole variant,
+`compile_key` the binary.
 
 Fields are validated on construction against what the hardware allows at all; whether a given
 kernel implements a config, and whether it can serve a given problem, is the kernels' business
@@ -77,12 +78,12 @@ class GemmConfig:
     schedule: Schedule = Schedule.COOPERATIVE
     tma_store: bool = True
     decomposition: Decomposition = Decomposition.DATA_PARALLEL
-    splits: int = 1
     # runtime fields: kernel arguments, not part of the binary
+    splits: int = 1
     raster: Raster = Raster.ALONG_M
     swizzle: int = 1
 
-    RUNTIME_FIELDS = ("raster", "swizzle")
+    RUNTIME_FIELDS = ("splits", "raster", "swizzle")
 
     def __post_init__(self) -> None:
         # Accept enum values given as strings (JSON, CLI), and store the enum.
@@ -155,16 +156,15 @@ class GemmConfig:
             parts.append("2cta")
         parts.append(_SCHEDULE_TAGS[self.schedule])
         parts.append("tma" if self.tma_store else "st")
-        decomp = _DECOMP_TAGS[self.decomposition]
-        parts.append(
-            f"{decomp}{self.splits}" if self.decomposition is Decomposition.SPLIT_K else decomp
-        )
+        parts.append(_DECOMP_TAGS[self.decomposition])
         return "_".join(parts)
 
     @property
     def key(self) -> str:
-        """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_coop_tma_dp_rm_s1`."""
-        return f"{self.compile_key}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
+        """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_coop_tma_dp_rm_s1`
+        (a split-K config carries its split count: `..._sk4_rm_s1`)."""
+        splits = str(self.splits) if self.decomposition is Decomposition.SPLIT_K else ""
+        return f"{self.compile_key}{splits}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
 
     def __str__(self) -> str:
         return self.key
@@ -220,10 +220,17 @@ class GemmConfig:
     def from_json(cls, text: str) -> GemmConfig:
         return cls.from_dict(json.loads(text))
 
-    def with_runtime(self, *, raster: Raster | str | None = None, swizzle: int | None = None):
+    def with_runtime(
+        self,
+        *,
+        splits: int | None = None,
+        raster: Raster | str | None = None,
+        swizzle: int | None = None,
+    ) -> GemmConfig:
         """The same binary with other runtime arguments."""
         return dataclasses.replace(
             self,
+            splits=self.splits if splits is None else splits,
             raster=self.raster if raster is None else raster,
             swizzle=self.swizzle if swizzle is None else swizzle,
         )
