@@ -25,8 +25,10 @@ from common import RESULTS, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
 from gemmtune.compile_pool import CompileJob, compile_all
-from gemmtune.config import GemmConfig, Raster
+from gemmtune.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.build import load_gemm, runtime_args
+from gemmtune.kernels.launch import WORKSPACES, workspace_need
+from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,6 +67,19 @@ CANDIDATES = (
         GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2, tma_store=False),
     ]
 )
+# Decompositions for shapes with few tiles or a thin last wave; split counts are swept at run
+# time on the one binary.
+DECOMPOSED = [
+    GemmConfig(tile_m=128, tile_n=256, cluster_m=2, decomposition="stream_k"),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, decomposition="stream_k"),
+    GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2, decomposition="stream_k"),
+    GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", decomposition="stream_k"),
+    GemmConfig(tile_m=128, tile_n=128, decomposition="split_k", splits=2),
+    GemmConfig(tile_m=128, tile_n=256, decomposition="split_k", splits=2),
+    GemmConfig(tile_m=64, tile_n=128, schedule="pingpong", decomposition="split_k", splits=2),
+    GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", decomposition="split_k", splits=2),
+]
+SPLITS = (2, 3, 4, 6, 8, 12, 16)
 
 log = logging.getLogger("bench_kernel")
 
@@ -78,7 +93,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def compile_candidates(dtypes: list[str], workers: int) -> dict:
     jobs = [
         CompileJob(cfg, KernelSignature(ab_dtype=d, out_dtype=d))
-        for cfg in CANDIDATES
+        for cfg in CANDIDATES + DECOMPOSED
         for d in dtypes
     ]
     out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-bench-"))
@@ -97,7 +112,25 @@ def compile_candidates(dtypes: list[str], workers: int) -> dict:
     return kernels
 
 
-def bench_shape(shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: int) -> dict:
+def candidates_for(m: int, n: int, decompositions: bool) -> list[GemmConfig]:
+    """Every data-parallel candidate; with `decompositions`, stream-K ones, and split-K ones at
+    each split count where the tiles leave SMs idle."""
+    out = list(CANDIDATES)
+    if not decompositions:
+        return out
+    for config in DECOMPOSED:
+        if config.decomposition is Decomposition.SPLIT_K:
+            grid = TileGrid(m, n, 1, config.tile_m, config.tile_n)
+            if grid.work_units < 132:
+                out += [config.with_runtime(splits=s) for s in SPLITS]
+        else:
+            out.append(config)
+    return out
+
+
+def bench_shape(
+    shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: int, decompositions: bool
+) -> dict:
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
@@ -109,10 +142,12 @@ def bench_shape(shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: 
     def launcher(config: GemmConfig):
         kernel = kernels[(config.compile_key, dtype)]
         args = runtime_args(config, 0)
-        return lambda: kernel(a, b, out, *args)
+        need = workspace_need(config, m, n, k, 1, args[-1])
+        partials, flags = WORKSPACES.get(a.device, need)
+        return lambda: kernel(a, b, out, partials, flags, *args)
 
     screened, rejected = [], []
-    for config in CANDIDATES:
+    for config in candidates_for(m, n, decompositions):
         if (config.compile_key, dtype) not in kernels:
             continue
         run = launcher(config)
@@ -152,9 +187,10 @@ def bench_shape(shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: 
         key=lambda x: x[0],
     )
     best_ms, best, best_err = final[0]
-    by_schedule = {}
+    by_schedule, by_decomposition = {}, {}
     for ms, config, _ in screened:
         by_schedule.setdefault(config.schedule.value, (ms, config.key))
+        by_decomposition.setdefault(config.decomposition.value, (ms, config.key))
     return {
         "shape": shape["name"],
         "m": m,
@@ -174,6 +210,9 @@ def bench_shape(shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: 
         "screen_best_by_schedule": {
             s: {"ms": round(t, 5), "config": c} for s, (t, c) in by_schedule.items()
         },
+        "screen_best_by_decomposition": {
+            s: {"ms": round(t, 5), "config": c} for s, (t, c) in by_decomposition.items()
+        },
         "runners_up": [{"config": c.key, "ms": round(t, 5)} for t, c, _ in final[1:]],
         "rejected": rejected,
     }
@@ -186,6 +225,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--data-parallel-only", action="store_true", help="leave split-K and stream-K out"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     dtypes = args.dtypes.split(",")
@@ -195,7 +237,7 @@ def main() -> None:
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            row = bench_shape(shape, dtype, kernels, flush, args.runs)
+            row = bench_shape(shape, dtype, kernels, flush, args.runs, not args.data_parallel_only)
             rows.append(row)
             print(
                 f"{row['shape']:>20} {dtype} ours {row['ours_tflops']:6.1f} TF "

@@ -22,6 +22,7 @@ from common import RESULTS, write_results
 
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.build import compile_gemm, runtime_args
+from gemmtune.kernels.launch import WORKSPACES, WorkspaceNeed, launch
 from gemmtune.kernels.signature import KernelSignature
 
 
@@ -47,10 +48,12 @@ def main() -> None:
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
     rt = runtime_args(config, 0)
+    partials, flags = WORKSPACES.get(a.device, WorkspaceNeed(0, 0))
     rows = []
     for name, fn in (
-        ("launch", lambda: kernel(a, b, out, *rt)),
-        ("launch_function_direct", lambda: kernel.function(a, b, out, *rt)),
+        ("launch", lambda: kernel(a, b, out, partials, flags, *rt)),
+        ("launch_function_direct", lambda: kernel.function(a, b, out, partials, flags, *rt)),
+        ("launch_helper_with_workspace_lookup", lambda: launch(kernel, a, b, out, config)),
         ("torch_mm", lambda: torch.mm(a, b, out=out)),
     ):
         host_us(fn, 100)  # warm-up

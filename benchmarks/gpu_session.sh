@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor, tests, kernel, launch (default: all). Results and logs go to $OUT.
+# Steps: doctor, tests, kernel, launch, decomp (default: all). Results and logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-steps=${*:-doctor tests kernel launch}
+steps=${*:-doctor tests kernel launch decomp}
 for step in $steps; do
   echo "=== $step $(date -u +%H:%M:%S)"
   case $step in
@@ -14,6 +14,7 @@ for step in $steps; do
     tests) timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
     kernel) timeout 420 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
+    decomp) timeout 400 python3 benchmarks/bench_decomposition.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-decomposition.txt" | grep -v "^nvdisasm" ;;
     *) echo "unknown step $step" ;;
   esac
 done

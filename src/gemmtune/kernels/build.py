@@ -26,7 +26,7 @@ from gemmtune.kernels.signature import KernelSignature
 
 log = logging.getLogger(__name__)
 
-ALIGN_ELEMENTS = 8  # 16 bytes of bf16/fp16; strides of fp32 outputs are declared the same
+ALIGN_BYTES = 16  # TMA's rule for base pointers and strides
 
 
 EXPORTED_FUNCTION = "gemm"
@@ -36,9 +36,9 @@ EXPORTED_FUNCTION = "gemm"
 class CompiledGemm:
     """A compiled kernel and what it was compiled for.
 
-    Called as `kernel(a, b, out, *runtime_args(config, device))`: torch tensors in torch's
-    order, then the runtime arguments (raster, swizzle, grid limit) of any config that shares
-    this binary.
+    Called as `kernel(a, b, out, workspace, flags, *runtime_args(config, device))`: torch
+    tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
+    arguments (raster, swizzle, splits, grid limit) of any config that shares this binary.
     """
 
     config: GemmConfig
@@ -48,8 +48,19 @@ class CompiledGemm:
     ptx: str | None = None
     sass: str | None = None
 
-    def __call__(self, a, b, out, along_n: int, swizzle: int, max_active_clusters: int) -> None:
-        self.function(a, b, out, along_n, swizzle, max_active_clusters)
+    def __call__(
+        self,
+        a,
+        b,
+        out,
+        workspace,
+        flags,
+        along_n: int,
+        swizzle: int,
+        splits: int,
+        max_active_clusters: int,
+    ) -> None:
+        self.function(a, b, out, workspace, flags, along_n, swizzle, splits, max_active_clusters)
 
 
 @functools.cache
@@ -64,11 +75,11 @@ def max_active_clusters(cluster_size: int, device_index: int) -> int:
         return HardwareInfo().get_max_active_clusters(cluster_size)
 
 
-def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int]:
-    """The kernel arguments `config` adds to a launch: raster, swizzle, grid limit."""
+def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, int]:
+    """The kernel arguments `config` adds to a launch: raster, swizzle, splits, grid limit."""
     along_n = int(config.raster is Raster.ALONG_N)
     clusters = max_active_clusters(config.cluster_m * config.cluster_n, device_index)
-    return along_n, config.swizzle, clusters
+    return along_n, config.swizzle, config.splits, clusters
 
 
 def export_gemm(kernel: CompiledGemm, path: Path) -> None:
@@ -103,27 +114,26 @@ def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, 
 
 
 def fake_arguments(signature: KernelSignature) -> tuple:
-    """Fake (a, b, out) for `signature`, sharing the symbolic M, N, K and L between them."""
+    """Fake (a, b, out, workspace, flags) for `signature`, sharing the symbolic M, N, K and L
+    between a, b and out."""
     import cutlass
     import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor
 
     dtypes = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
     m, n, k = (cute.sym_int64(symbol=s) for s in "mnk")
     l = cute.sym_int64(symbol="l")
     ab = dtypes[signature.ab_dtype]
-    out_align = 16 // (cutlass.Float32.width // 8 if signature.out_dtype == "fp32" else 2)
-    a = _fake_operand(ab, m, k, l, signature.a_major == "m", signature.batched, ALIGN_ELEMENTS)
-    b = _fake_operand(ab, k, n, l, signature.b_major == "k", signature.batched, ALIGN_ELEMENTS)
-    c = _fake_operand(
-        dtypes[signature.out_dtype],
-        m,
-        n,
-        l,
-        signature.out_major == "m",
-        signature.batched,
-        out_align,
+    ab_align, out_align = ALIGN_BYTES // 2, ALIGN_BYTES // signature.out_bytes
+    a = _fake_operand(ab, m, k, l, signature.a_major == "m", signature.batched, ab_align)
+    b = _fake_operand(ab, k, n, l, signature.b_major == "k", signature.batched, ab_align)
+    out_dtype = dtypes[signature.out_dtype]
+    c = _fake_operand(out_dtype, m, n, l, signature.out_major == "m", signature.batched, out_align)
+    workspace = make_fake_compact_tensor(
+        cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
     )
-    return a, b, c
+    flags = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int64(),), assumed_align=16)
+    return a, b, c, workspace, flags
 
 
 def compile_gemm(
@@ -144,23 +154,14 @@ def compile_gemm(
 
     start = time.perf_counter()
     gemm = HopperGemm(config, signature)
-    a, b, c = fake_arguments(signature)
+    fakes = fake_arguments(signature)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
         options = " ".join(["--enable-tvm-ffi", *(f"--keep-{what}" for what in keep)])
         if keep:
             options += f" --dump-dir {dump}"
-        function = cute.compile(
-            gemm,
-            a,
-            b,
-            c,
-            cutlass.Int32(0),
-            cutlass.Int32(1),
-            cutlass.Int32(1),
-            stream,
-            options=options,
-        )
+        runtime = (cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
+        function = cute.compile(gemm, *fakes, *runtime, stream, options=options)
         ptx = function.__ptx__ if "ptx" in keep else None
         sass = function.__sass__ if "sass" in keep else None
     elapsed = time.perf_counter() - start

@@ -1,8 +1,10 @@
-"""Device side of the tile schedules in `schedule_model.py`, which it follows line for line.
+"""Device side of the schedules in `schedule_model.py`, which it follows line for line.
 
-A `TileScheduler` lives in one warp's registers: it holds the runtime shape of the problem in
-clusters, the raster and swizzle arguments, and the work unit it is on. Nothing here branches
-on the raster, so raster and swizzle are kernel arguments that never change the binary.
+A scheduler walks *positions*: a unit index (data-parallel), an item index (split-K), or a
+global MAC-iteration index (stream-K, whose data-parallel phase steps a whole unit at a time).
+`item(pos)` decodes a position into the `WorkItem` fields and the next position; the only value
+a loop carries is the position. Nothing branches on the raster, and the split count is a value
+too, so raster, swizzle and splits are kernel arguments that never change the binary.
 """
 
 from dataclasses import dataclass
@@ -10,6 +12,11 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+
+def _pick(flag, if_true, if_false):
+    """`if_true` where `flag` (a 0/1 Int32) is 1, else `if_false`, without a branch."""
+    return if_false + flag * (if_true - if_false)
 
 
 def unit_coord(unit: Int32, clusters_m: Int32, clusters_n: Int32, along_n: Int32, swizzle: Int32):
@@ -30,36 +37,136 @@ def unit_coord(unit: Int32, clusters_m: Int32, clusters_n: Int32, along_n: Int32
     return m_idx, n_idx, batch
 
 
+def balanced_begin(index: Int32, parts: Int32, total: Int32) -> Int32:
+    """`schedule_model.balanced_range(index, parts, total)[0]`."""
+    q = total // parts
+    r = total - q * parts
+    return index * q + cutlass.min(index, r)
+
+
+def part_of(position: Int32, parts: Int32, total: Int32) -> Int32:
+    """`schedule_model.part_of`."""
+    q = total // parts
+    r = total - q * parts
+    long_parts = r * (q + 1)
+    in_long = Int32(position < long_parts)
+    return _pick(in_long, position // (q + 1), r + (position - long_parts) // cutlass.max(q, 1))
+
+
 @dataclass(frozen=True)
 class TileScheduler:
-    """Data-parallel persistent schedule: cluster c of a grid of G takes units c, c+G, c+2G...
+    """The constants of one launch's schedule. Frozen, so the DSL's loops read it rather than
+    carry it. Built by `create` on the host side of the launch, in the kernel by the fields."""
 
-    A ping-pong consumer warpgroup takes every other one of those units: it starts at
-    `c + w*G` and steps by `2*G`. The unit a loop is on is the loop's own `Int32`; the
-    scheduler only holds the problem's constants, and being frozen it is read, not carried,
-    by the DSL's loops.
-    """
-
+    decomposition: str  # compile time: "data_parallel" | "split_k" | "stream_k"
+    cluster_shape_mn: tuple  # compile time
     clusters_m: Int32
     clusters_n: Int32
     work_units: Int32
+    k_tiles: Int32
+    grid_clusters: Int32
+    splits: Int32  # split-K: effective split count
+    dp_units: Int32  # stream-K: units of the data-parallel phase
     along_n: Int32
     swizzle: Int32
-    cluster_shape_mn: tuple
 
     @staticmethod
     def create(
+        decomposition: str,
+        cluster_shape_mn: tuple,
         tiles_m: Int32,
         tiles_n: Int32,
         batches: Int32,
-        cluster_shape_mn: tuple,
+        k_tiles: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
         along_n: Int32,
         swizzle: Int32,
     ) -> "TileScheduler":
+        """The schedule of `schedule_model.make_schedule` for one problem and GPU."""
         clusters_m = (tiles_m + cluster_shape_mn[0] - 1) // cluster_shape_mn[0]
         clusters_n = (tiles_n + cluster_shape_mn[1] - 1) // cluster_shape_mn[1]
-        work_units = clusters_m * clusters_n * batches
-        return TileScheduler(clusters_m, clusters_n, work_units, along_n, swizzle, cluster_shape_mn)
+        units = clusters_m * clusters_n * batches
+        effective_splits = cutlass.max(cutlass.min(splits, k_tiles), 1)
+        dp_units = units
+        if decomposition == "split_k":
+            grid = cutlass.max(cutlass.min(units * effective_splits, max_active_clusters), 1)
+        elif decomposition == "stream_k":
+            grid = max_active_clusters
+            tail = units - (units // grid) * grid
+            sk_units = Int32(units < grid) * units + Int32(units > grid) * Int32(tail != 0) * (
+                tail + grid
+            )
+            dp_units = units - sk_units
+        else:
+            grid = cutlass.max(cutlass.min(units, max_active_clusters), 1)
+        return TileScheduler(
+            decomposition,
+            cluster_shape_mn,
+            clusters_m,
+            clusters_n,
+            units,
+            k_tiles,
+            grid,
+            effective_splits,
+            dp_units,
+            along_n,
+            swizzle,
+        )
+
+    # -- positions -----------------------------------------------------------------------
+
+    def _sk_range(self, cluster: Int32):
+        """[begin, end) of `cluster`'s stream-K iterations, as global iteration indices."""
+        dp_iterations = self.dp_units * self.k_tiles
+        sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
+        begin = balanced_begin(cluster, self.grid_clusters, sk_iterations)
+        end = balanced_begin(cluster + 1, self.grid_clusters, sk_iterations)
+        return dp_iterations + begin, dp_iterations + end
+
+    def first_position(self, cluster: Int32) -> Int32:
+        if self.decomposition == "stream_k":
+            in_dp = Int32(cluster < self.dp_units)
+            return _pick(in_dp, cluster * self.k_tiles, self._sk_range(cluster)[0])
+        return cluster
+
+    def valid(self, position: Int32, cluster: Int32):
+        if self.decomposition == "stream_k":
+            return position < self._sk_range(cluster)[1]
+        if self.decomposition == "split_k":
+            return position < self.work_units * self.splits
+        return position < self.work_units
+
+    def item(self, position: Int32, cluster: Int32):
+        """(unit, k_begin, k_end, rank, segments, slot, next_position) at `position`."""
+        if self.decomposition == "split_k":
+            unit = position // self.splits
+            split = position - unit * self.splits
+            k_begin = balanced_begin(split, self.splits, self.k_tiles)
+            k_end = balanced_begin(split + 1, self.splits, self.k_tiles)
+            next_position = position + self.grid_clusters
+            return unit, k_begin, k_end, split, self.splits, unit, next_position
+        if self.decomposition == "stream_k":
+            dp_iterations = self.dp_units * self.k_tiles
+            sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
+            sk_begin, sk_end = self._sk_range(cluster)
+            in_dp = Int32(position < dp_iterations)
+            unit = position // self.k_tiles
+            k_begin = position - unit * self.k_tiles
+            k_end = _pick(
+                in_dp, self.k_tiles, cutlass.min(self.k_tiles, k_begin + sk_end - position)
+            )
+            local_start = (unit - self.dp_units) * self.k_tiles
+            first = part_of(local_start, self.grid_clusters, sk_iterations)
+            last = part_of(local_start + self.k_tiles - 1, self.grid_clusters, sk_iterations)
+            segments = _pick(in_dp, Int32(1), last - first + 1)
+            rank = _pick(in_dp, Int32(0), last - cluster)
+            dp_next = position + self.grid_clusters * self.k_tiles
+            dp_next = _pick(Int32(dp_next < dp_iterations), dp_next, sk_begin)
+            next_position = _pick(in_dp, dp_next, position + k_end - k_begin)
+            return unit, k_begin, k_end, rank, segments, unit - self.dp_units, next_position
+        next_position = position + self.grid_clusters
+        return position, Int32(0), self.k_tiles, Int32(0), Int32(1), Int32(-1), next_position
 
     def tile_of_unit(self, unit: Int32, cta_in_cluster: tuple):
         """(tile_m_idx, tile_n_idx, batch) this CTA computes for `unit`."""
@@ -72,16 +179,7 @@ class TileScheduler:
             batch,
         )
 
-    def grid_clusters(self, max_active_clusters: Int32) -> Int32:
-        """Clusters to launch: `TileGrid.grid_clusters`."""
-        return cutlass.max(cutlass.min(self.work_units, max_active_clusters), 1)
 
-
-def first_unit() -> Int32:
-    """The unit a CTA starts on: its cluster's index in the grid (clusters along z)."""
+def cluster_index() -> Int32:
+    """This CTA's cluster's index in the persistent grid (clusters are laid out along z)."""
     return cute.arch.block_idx()[2]
-
-
-def unit_stride() -> Int32:
-    """How far a CTA's successive units are apart: the number of clusters in the grid."""
-    return cute.arch.grid_dim()[2]

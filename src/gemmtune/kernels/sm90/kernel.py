@@ -23,11 +23,12 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from gemmtune.config import GemmConfig, Schedule
+from gemmtune.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
+from gemmtune.kernels.turnstile import reduce_partials
 
 DSL_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 
@@ -79,6 +80,7 @@ class HopperGemm:
         self.tile_threads = 2 * wg if self.cooperative else wg
         self.mcast_a = config.cluster_n  # an A tile is shared along the cluster's N
         self.mcast_b = config.cluster_m
+        self.shares_tiles = config.decomposition is not Decomposition.DATA_PARALLEL
 
     def _tiled_mma(self) -> cute.TiledMma:
         atoms = (2, 1, 1) if self.cooperative else (1, 1, 1)
@@ -98,8 +100,11 @@ class HopperGemm:
         a: cute.Tensor,
         b: cute.Tensor,
         c: cute.Tensor,
+        workspace: cute.Tensor,
+        flags: cute.Tensor,
         along_n: Int32,
         swizzle: Int32,
+        splits: Int32,
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
@@ -149,11 +154,20 @@ class HopperGemm:
 
         tiles_m = (mC.shape[0] + tile_m - 1) // tile_m
         tiles_n = (mC.shape[1] + tile_n - 1) // tile_n
-        batches = mC.shape[2]
+        k_tiles = (mA.shape[1] + tile_k - 1) // tile_k
         scheduler = sched.TileScheduler.create(
-            Int32(tiles_m), Int32(tiles_n), Int32(batches), self.cluster_shape_mn, along_n, swizzle
+            self.config.decomposition.value,
+            self.cluster_shape_mn,
+            Int32(tiles_m),
+            Int32(tiles_n),
+            Int32(mC.shape[2]),
+            Int32(k_tiles),
+            splits,
+            max_active_clusters,
+            along_n,
+            swizzle,
         )
-        grid = (*self.cluster_shape_mn, scheduler.grid_clusters(max_active_clusters))
+        grid = (*self.cluster_shape_mn, scheduler.grid_clusters)
         self.kernel(
             tma_atom_a,
             tma_a,
@@ -161,13 +175,19 @@ class HopperGemm:
             tma_b,
             store_atom,
             store_target,
+            workspace,
+            flags,
             tiled_mma,
             a_smem,
             b_smem,
             epi_smem,
-            Int32(tiles_m),
-            Int32(tiles_n),
-            Int32(batches),
+            scheduler.clusters_m,
+            scheduler.clusters_n,
+            scheduler.work_units,
+            scheduler.k_tiles,
+            scheduler.grid_clusters,
+            scheduler.splits,
+            scheduler.dp_units,
             along_n,
             swizzle,
         ).launch(
@@ -187,13 +207,19 @@ class HopperGemm:
         mB: cute.Tensor,
         store_atom: cute.CopyAtom,
         mC: cute.Tensor,
+        workspace: cute.Tensor,
+        flags: cute.Tensor,
         tiled_mma: cute.TiledMma,
         a_smem: cute.ComposedLayout,
         b_smem: cute.ComposedLayout,
         epi_smem: cute.ComposedLayout,
-        tiles_m: Int32,
-        tiles_n: Int32,
-        batches: Int32,
+        clusters_m: Int32,
+        clusters_n: Int32,
+        work_units: Int32,
+        k_tiles: Int32,
+        grid_clusters: Int32,
+        splits: Int32,
+        dp_units: Int32,
         along_n: Int32,
         swizzle: Int32,
     ):
@@ -234,7 +260,6 @@ class HopperGemm:
         tile_m, tile_n, tile_k = self.tile_shape_mnk
         gA = cute.local_tile(mA, (tile_m, tile_k), (None, None, None))  # (bM,bK,RM,RK,L)
         gB = cute.local_tile(mB, (tile_n, tile_k), (None, None, None))  # (bN,bK,RN,RK,L)
-        k_tiles = cute.size(gA, mode=[3])
         a_cta_layout = cute.make_layout(cute.slice_(cluster_layout, (0, None, 0)).shape)
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
@@ -258,11 +283,19 @@ class HopperGemm:
         if cutlass.const_expr(self.mcast_b > 1):
             b_mcast_mask = cute.make_layout_image_mask(cluster_layout, cta_coord, mode=0)
 
-        scheduler = sched.TileScheduler.create(
-            tiles_m, tiles_n, batches, self.cluster_shape_mn, along_n, swizzle
+        scheduler = sched.TileScheduler(
+            self.config.decomposition.value,
+            self.cluster_shape_mn,
+            clusters_m,
+            clusters_n,
+            work_units,
+            k_tiles,
+            grid_clusters,
+            splits,
+            dp_units,
+            along_n,
+            swizzle,
         )
-        first = sched.first_unit()
-        stride = sched.unit_stride()
 
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
@@ -281,9 +314,6 @@ class HopperGemm:
                     tBgB,
                     tBsB,
                     b_mcast_mask,
-                    k_tiles,
-                    first,
-                    stride,
                     self.ab_stages,
                 )
         else:
@@ -299,9 +329,8 @@ class HopperGemm:
                 epi_smem,
                 store_atom,
                 mC,
-                k_tiles,
-                first,
-                stride,
+                workspace,
+                flags,
                 tidx,
                 warp_idx,
                 warp_group - 1,
@@ -320,26 +349,30 @@ class HopperGemm:
         epi_smem: cute.ComposedLayout,
         store_atom: cute.CopyAtom,
         mC: cute.Tensor,
-        k_tiles: Int32,
-        first: Int32,
-        stride: Int32,
+        workspace: cute.Tensor,
+        flags: cute.Tensor,
         tidx: Int32,
         warp_idx: Int32,
         consumer: Int32,
     ):
-        """The consumer warpgroups: mainloop and epilogue of each of their tiles."""
+        """The consumer warpgroups: mainloop, turnstile and epilogue of each of their items.
+
+        Both warpgroups walk the CTA's whole item sequence, the producer's order. Cooperative
+        warpgroups compute every item together; a ping-pong warpgroup computes every other one
+        and skips the other's k-tiles in the pipeline.
+        """
         wg = rules.THREADS_PER_WARPGROUP
-        consumer_tidx = tidx - wg
-        thread_in_group = consumer_tidx
+        thread_in_group = tidx - wg
         group_threads = 2 * wg
         barrier_id = EPILOGUE_BARRIER
         store_warp = wg // 32
         if cutlass.const_expr(not self.cooperative):
-            thread_in_group = consumer_tidx % wg
+            thread_in_group = (tidx - wg) % wg
             group_threads = wg
             barrier_id = EPILOGUE_BARRIER + consumer
             store_warp = wg // 32 + consumer * (wg // 32)
         is_store_warp = warp_idx == store_warp
+        group_barrier = pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads)
 
         thr_mma = tiled_mma.get_slice(thread_in_group)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
@@ -349,6 +382,8 @@ class HopperGemm:
         accumulators = cute.make_rmem_tensor(
             thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, cutlass.Float32
         )
+        cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
+        cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
 
         if cutlass.const_expr(self.config.tma_store):
             sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
@@ -375,65 +410,89 @@ class HopperGemm:
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.ab_stages
         )
-        unit = first
-        unit_step = stride
+        cluster = sched.cluster_index()
         if cutlass.const_expr(not self.cooperative):
-            unit = first + consumer * stride
-            unit_step = 2 * stride
             if consumer == 1:
-                read_state.advance(k_tiles)
                 # warpgroup 0 goes first in both orders
                 cute.arch.barrier_arrive(barrier_id=MMA_ORDER_BARRIER, number_of_threads=2 * wg)
                 cute.arch.barrier_arrive(
                     barrier_id=EPILOGUE_ORDER_BARRIER, number_of_threads=2 * wg
                 )
-        tiles_done = Int32(0)
-        while unit < scheduler.work_units:
-            tile_m_idx, tile_n_idx, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
-            if cutlass.const_expr(not self.cooperative):
-                cute.arch.barrier(barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg)
-            read_state, release_state = mainloop.mma_tile(
-                ab_pipeline, read_state, tiled_mma, accumulators, tCrA, tCrB, k_tiles
+        position = scheduler.first_position(cluster)
+        item_index = Int32(0)
+        tiles_stored = Int32(0)
+        while scheduler.valid(position, cluster):
+            unit, k_begin, k_end, rank, segments, slot, next_position = scheduler.item(
+                position, cluster
             )
+            mine = True
             if cutlass.const_expr(not self.cooperative):
-                cute.arch.barrier_arrive(
-                    barrier_id=MMA_ORDER_BARRIER + 1 - consumer, number_of_threads=2 * wg
-                )
-            mainloop.drain(ab_pipeline, release_state)
-            if cutlass.const_expr(not self.cooperative):
-                read_state.advance(k_tiles)
-
-            if cutlass.const_expr(self.config.tma_store):
-                gC_tile = gC[(None, None, tile_m_idx, tile_n_idx, batch)]
-                if cutlass.const_expr(self.cooperative):
-                    epilogue.store_tile(
-                        accumulators,
-                        store_atom,
-                        gC_tile,
-                        tiles_done * epilogue.subtiles((tile_m, tile_n)),
-                        is_store_warp,
+                mine = item_index % 2 == consumer
+            if mine:
+                tile_m_idx, tile_n_idx, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
+                if cutlass.const_expr(not self.cooperative):
+                    cute.arch.barrier(
+                        barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
-                else:
+                read_state, release_state = mainloop.mma_tile(
+                    ab_pipeline, read_state, tiled_mma, accumulators, tCrA, tCrB, k_end - k_begin
+                )
+                if cutlass.const_expr(not self.cooperative):
+                    cute.arch.barrier_arrive(
+                        barrier_id=MMA_ORDER_BARRIER + 1 - consumer, number_of_threads=2 * wg
+                    )
                     cute.arch.barrier(
                         barrier_id=EPILOGUE_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
-                    epilogue.store_tile(accumulators, store_atom, gC_tile, 0, is_store_warp)
-                    # the other warpgroup reuses the shared buffers: let the stores read them
-                    epilogue.finish(is_store_warp)
+                mainloop.drain(ab_pipeline, release_state)
+                final = True
+                if cutlass.const_expr(self.shares_tiles):
+                    if segments > 1:
+                        reduce_partials(
+                            accumulators,
+                            workspace,
+                            flags,
+                            slot * cluster_ctas + cta_rank,
+                            rank,
+                            segments,
+                            thread_in_group,
+                            group_threads,
+                            group_barrier,
+                        )
+                        final = rank == segments - 1
+                if final:
+                    if cutlass.const_expr(self.config.tma_store):
+                        ring_start = 0
+                        if cutlass.const_expr(self.cooperative):
+                            ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))
+                        epilogue.store_tile(
+                            accumulators,
+                            store_atom,
+                            gC[(None, None, tile_m_idx, tile_n_idx, batch)],
+                            ring_start,
+                            is_store_warp,
+                        )
+                        if cutlass.const_expr(not self.cooperative):
+                            # the other warpgroup reuses the shared buffers: let them be read
+                            epilogue.finish(is_store_warp)
+                    else:
+                        store_direct(
+                            accumulators,
+                            thr_mma,
+                            gC[(None, None, tile_m_idx, tile_n_idx, batch)],
+                            coords[(None, None, tile_m_idx, tile_n_idx, batch)],
+                            (mC.shape[0], mC.shape[1]),
+                            self.out_dtype,
+                        )
+                    tiles_stored += 1
+                if cutlass.const_expr(not self.cooperative):
                     cute.arch.barrier_arrive(
                         barrier_id=EPILOGUE_ORDER_BARRIER + 1 - consumer,
                         number_of_threads=2 * wg,
                     )
             else:
-                store_direct(
-                    accumulators,
-                    thr_mma,
-                    gC[(None, None, tile_m_idx, tile_n_idx, batch)],
-                    coords[(None, None, tile_m_idx, tile_n_idx, batch)],
-                    (mC.shape[0], mC.shape[1]),
-                    self.out_dtype,
-                )
-            tiles_done += 1
-            unit += unit_step
+                read_state.advance(k_end - k_begin)
+            position = next_position
+            item_index += 1
         if cutlass.const_expr(self.config.tma_store and self.cooperative):
             epilogue.finish(is_store_warp)

@@ -1,7 +1,7 @@
 """Hopper mainloop: a TMA producer warp filling a ring of A/B stages, WGMMA consumers draining it.
 
 The two sides meet in a `PipelineTmaAsync` (one full and one empty mbarrier per stage). The
-producer loads the k-tiles of every tile its CTA computes, in the order its scheduler gives;
+producer loads the k-tiles of every item its CTA computes, in the order its scheduler gives;
 consumers take them in the same order. With clusters, each CTA loads a slice of an A (B) tile
 and multicasts it to the CTAs of its cluster row (column).
 """
@@ -11,7 +11,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from gemmtune.kernels.scheduler import TileScheduler
+from gemmtune.kernels.scheduler import TileScheduler, cluster_index
 
 
 @cute.jit
@@ -27,20 +27,19 @@ def produce(
     tBgB: cute.Tensor,
     tBsB: cute.Tensor,
     b_mcast_mask,
-    k_tiles: Int32,
-    first_unit: Int32,
-    unit_stride: Int32,
     num_stages: cutlass.Constexpr,
 ):
-    """Load every k-tile of every unit this CTA takes; run by one warp."""
+    """Load the k-tiles of every item of this CTA's cluster, in order; run by one warp."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
-    unit = first_unit
-    while unit < scheduler.work_units:
+    cluster = cluster_index()
+    position = scheduler.first_position(cluster)
+    while scheduler.valid(position, cluster):
+        unit, k_begin, k_end, _, _, _, next_position = scheduler.item(position, cluster)
         tile_m, tile_n, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
         tAgA_tile = tAgA[(None, tile_m, None, batch)]
         tBgB_tile = tBgB[(None, tile_n, None, batch)]
         empty = ab_pipeline.producer_try_acquire(state)
-        for k_tile in range(k_tiles):
+        for k_tile in range(k_begin, k_end):
             # waits for the stage to be empty (unless the early test saw it so), then arms its
             # full barrier with the byte count
             ab_pipeline.producer_acquire(state, empty)
@@ -62,7 +61,7 @@ def produce(
             ab_pipeline.producer_commit(state)
             state.advance()
             empty = ab_pipeline.producer_try_acquire(state)
-        unit += unit_stride
+        position = next_position
     # do not exit while peers may still arrive on this CTA's empty barriers
     ab_pipeline.producer_tail(state)
 

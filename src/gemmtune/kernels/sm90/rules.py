@@ -103,32 +103,37 @@ def implements(config: GemmConfig) -> str | None:
             f"a {config.tile_m}x{config.tile_n} {config.schedule.value} tile needs {regs} "
             f"accumulator registers per thread, more than {MAX_ACCUMULATOR_REGISTERS}"
         )
-    if config.decomposition is not Decomposition.DATA_PARALLEL:
-        return f"the {config.decomposition.value} decomposition is not implemented yet"
     plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
     return None
 
 
-def implemented_configs() -> list[GemmConfig]:
-    """Every data-parallel config the kernel implements, runtime fields at their defaults."""
+def implemented_configs(
+    decompositions: tuple[Decomposition, ...] = (Decomposition.DATA_PARALLEL,),
+) -> list[GemmConfig]:
+    """Every config the kernel implements with `decompositions`, runtime fields at their
+    defaults (a split-K config at 2 splits)."""
     configs = []
-    for schedule, tile_ms in TILE_M_BY_SCHEDULE.items():
-        for tile_m in tile_ms:
-            for tile_n in TILE_N_CHOICES:
-                for cluster_m, cluster_n in CLUSTER_SHAPES:
-                    for tma_store in (True, False):
-                        config = GemmConfig(
-                            tile_m=tile_m,
-                            tile_n=tile_n,
-                            cluster_m=cluster_m,
-                            cluster_n=cluster_n,
-                            schedule=schedule,
-                            tma_store=tma_store,
-                        )
-                        if implements(config) is None:
-                            configs.append(config)
+    for decomposition in decompositions:
+        splits = 2 if decomposition is Decomposition.SPLIT_K else 1
+        for schedule, tile_ms in TILE_M_BY_SCHEDULE.items():
+            for tile_m in tile_ms:
+                for tile_n in TILE_N_CHOICES:
+                    for cluster_m, cluster_n in CLUSTER_SHAPES:
+                        for tma_store in (True, False):
+                            config = GemmConfig(
+                                tile_m=tile_m,
+                                tile_n=tile_n,
+                                cluster_m=cluster_m,
+                                cluster_n=cluster_n,
+                                schedule=schedule,
+                                tma_store=tma_store,
+                                decomposition=decomposition,
+                                splits=splits,
+                            )
+                            if implements(config) is None:
+                                configs.append(config)
     return configs
 
 

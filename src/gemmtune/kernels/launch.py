@@ -1,0 +1,84 @@
+"""Launching a compiled kernel: its runtime arguments and its split-K/stream-K workspace.
+
+The workspace (fp32 partial tiles and int32 flags, `turnstile.py`) is allocated once per
+device and stream, grown when a launch needs more, and reused: kernels leave every flag at 0,
+so a launch needs no memset. Launches on one stream run in order, so they can share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.build import CompiledGemm, runtime_args
+from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
+from gemmtune.kernels.sm90.rules import TILE_K
+
+
+@dataclass(frozen=True)
+class WorkspaceNeed:
+    """What one launch needs: fp32 partial-tile elements and int32 flags."""
+
+    partials: int
+    flags: int
+
+    @property
+    def bytes(self) -> int:
+        return 4 * (self.partials + self.flags)
+
+
+def workspace_need(
+    config: GemmConfig, m: int, n: int, k: int, l: int, max_active_clusters: int
+) -> WorkspaceNeed:
+    """The workspace `config` needs for an (m, n, k, l) problem, from the schedule model."""
+    grid = TileGrid(m, n, l, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n)
+    schedule = make_schedule(
+        config.decomposition.value,
+        grid,
+        ceil_div(k, TILE_K),
+        max_active_clusters,
+        splits=config.splits,
+    )
+    tiles = schedule.workspace_slots * config.cluster_m * config.cluster_n
+    return WorkspaceNeed(tiles * config.tile_m * config.tile_n, tiles)
+
+
+@dataclass
+class WorkspacePool:
+    """One growing workspace per (device, stream)."""
+
+    buffers: dict = field(default_factory=dict)
+
+    def get(self, device: torch.device, need: WorkspaceNeed) -> tuple[torch.Tensor, torch.Tensor]:
+        """(partials, flags) of at least the sizes `need` asks for; flags are all zero."""
+        key = (device, torch.cuda.current_stream(device).stream_id)
+        partials, flags = self.buffers.get(key, (None, None))
+        if partials is None or partials.numel() < need.partials or flags.numel() < need.flags:
+            partials = torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
+            flags = torch.zeros(max(need.flags, 4), dtype=torch.int32, device=device)
+            self.buffers[key] = (partials, flags)
+        return partials, flags
+
+
+WORKSPACES = WorkspacePool()
+
+
+def launch(
+    kernel: CompiledGemm,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    config: GemmConfig | None = None,
+    pool: WorkspacePool = WORKSPACES,
+) -> None:
+    """Run `kernel` on torch tensors with the runtime arguments of `config` (by default the
+    config it was compiled from), on torch's current stream."""
+    config = config or kernel.config
+    device = a.device
+    args = runtime_args(config, device.index or 0)
+    batch = a.shape[0] if a.dim() == 3 else 1
+    need = workspace_need(config, a.shape[-2], b.shape[-1], a.shape[-1], batch, args[-1])
+    partials, flags = pool.get(device, need)
+    kernel(a, b, out, partials, flags, *args)
