@@ -93,8 +93,8 @@ class Problem:
         kernel = self.kernels[config.compile_key]
         args = runtime_args(config, 0)
         need = workspace_need(config, self.m, self.n, self.k, 1, args[-1])
-        partials, flags = WORKSPACES.get(self.a.device, need)
-        return lambda: kernel(self.a, self.b, self.out, partials, flags, *args)
+        partials, counters = WORKSPACES.get(self.a.device, need)
+        return lambda: kernel(self.a, self.b, self.out, partials, counters, *args)
 
     def check(self, config: GemmConfig) -> float:
         self.out.fill_(float("nan"))

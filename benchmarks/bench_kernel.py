@@ -143,8 +143,8 @@ def bench_shape(
         kernel = kernels[(config.compile_key, dtype)]
         args = runtime_args(config, 0)
         need = workspace_need(config, m, n, k, 1, args[-1])
-        partials, flags = WORKSPACES.get(a.device, need)
-        return lambda: kernel(a, b, out, partials, flags, *args)
+        partials, counters = WORKSPACES.get(a.device, need)
+        return lambda: kernel(a, b, out, partials, counters, *args)
 
     screened, rejected = [], []
     for config in candidates_for(m, n, decompositions):

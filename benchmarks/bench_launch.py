@@ -48,11 +48,11 @@ def main() -> None:
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
     rt = runtime_args(config, 0)
-    partials, flags = WORKSPACES.get(a.device, WorkspaceNeed(0, 0))
+    partials, counters = WORKSPACES.get(a.device, WorkspaceNeed(0, 0))
     rows = []
     for name, fn in (
-        ("launch", lambda: kernel(a, b, out, partials, flags, *rt)),
-        ("launch_function_direct", lambda: kernel.function(a, b, out, partials, flags, *rt)),
+        ("launch", lambda: kernel(a, b, out, partials, counters, *rt)),
+        ("launch_function_direct", lambda: kernel.function(a, b, out, partials, counters, *rt)),
         ("launch_helper_with_workspace_lookup", lambda: launch(kernel, a, b, out, config)),
         ("torch_mm", lambda: torch.mm(a, b, out=out)),
     ):

@@ -7,17 +7,17 @@ def test_data_parallel_needs_no_workspace():
     assert need == WorkspaceNeed(0, 0)
 
 
-def test_split_k_needs_a_partial_tile_and_a_flag_per_cta_of_every_unit():
+def test_split_k_needs_a_partial_tile_per_split_and_a_counter_per_unit_and_cta():
     config = GemmConfig(tile_m=128, tile_n=128, cluster_m=2, decomposition="split_k", splits=4)
     # 512 x 512: 4 x 4 tiles, 2 x 4 = 8 cluster units of 2 CTAs
     need = workspace_need(config, 512, 512, 32768, 1, 66)
-    assert need == WorkspaceNeed(8 * 2 * 128 * 128, 8 * 2)
-    assert need.bytes == 4 * (8 * 2 * 128 * 128 + 16)
+    assert need == WorkspaceNeed(8 * 4 * 2 * 128 * 128, 8 * 2)
+    assert need.bytes == 4 * (8 * 4 * 2 * 128 * 128 + 16)
 
 
 def test_stream_k_needs_workspace_for_its_region_only():
     config = GemmConfig(tile_m=128, tile_n=128, decomposition="stream_k")
     # 1024 x 4352: 8 x 34 = 272 units on 132 SMs: one data-parallel wave, 140 stream-K units
     need = workspace_need(config, 1024, 4352, 4096, 1, 132)
-    assert need.flags == 272 - 132
-    assert need.partials == 140 * 128 * 128
+    assert need.counters == 272 - 132
+    assert need.partials == (132 + 140 - 1) * 128 * 128

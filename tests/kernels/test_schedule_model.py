@@ -1,4 +1,5 @@
 import itertools
+import random
 from collections import defaultdict
 
 import pytest
@@ -75,18 +76,18 @@ def test_balanced_ranges_and_their_inverse():
                 assert all(part_of(x, parts, total) == i for x in range(b, e))
 
 
-def test_split_k_items_and_turnstile_ranks():
+def test_split_k_items_and_slots():
     g = TileGrid(m=512, n=512, l=1, tile_m=128, tile_n=128)  # 16 units
     s = SplitKSchedule(g, k_tiles=10, grid_clusters=132, splits=4)
-    items = s.items(0) + s.items(1) + s.items(2) + s.items(3)
+    items = s.items(4) + s.items(5) + s.items(6) + s.items(7)
     assert items == [
-        WorkItem(0, 0, 3, 0, 4, 0),
-        WorkItem(0, 3, 6, 1, 4, 0),
-        WorkItem(0, 6, 8, 2, 4, 0),
-        WorkItem(0, 8, 10, 3, 4, 0),
+        WorkItem(1, 0, 3, 0, 4, 4, 4, 1),
+        WorkItem(1, 3, 6, 1, 4, 5, 4, 1),
+        WorkItem(1, 6, 8, 2, 4, 6, 4, 1),
+        WorkItem(1, 8, 10, 3, 4, 7, 4, 1),
     ]
-    assert s.workspace_slots == 16
-    assert s.workspace_bytes == 16 * (128 * 128 * 4 + 4)
+    assert (s.partial_slots, s.counters) == (64, 16)
+    assert s.workspace_bytes == 64 * 128 * 128 * 4 + 16 * 4
     # more splits than k-tiles: the extra splits are dropped
     assert SplitKSchedule(g, 3, 132, splits=16).effective_splits == 3
 
@@ -101,47 +102,46 @@ def test_stream_k_hybrid_regions():
     # fewer units than clusters: all of them are stream-K
     small = StreamKSchedule(TileGrid(512, 512, 1, 128, 128), 512, 132)
     assert small.sk_units == 16 and small.dp_units == 0
+    # 16 x 512 iterations on 132 clusters: 62 or 63 each, so unit 0 spans clusters 0..8
+    unit0 = [it for c in range(9) for it in small.items(c) if it.unit == 0]
+    assert [it.segment for it in unit0] == list(range(9))
+    assert {it.first_slot for it in unit0} == {0} and {it.counter for it in unit0} == {0}
+    assert [it.partial_slot for it in unit0] == list(range(9))
+    assert small.partial_slots == 132 + 16 - 1
 
 
-def simulate(schedule):
-    """Run every cluster's items in order, an item with rank r waiting for rank r-1 of its
-    unit to finish; fail on deadlock. Returns, per unit, the items in completion order."""
-    queues = {c: list(schedule.items(c)) for c in range(schedule.grid_clusters)}
-    done_rank = defaultdict(lambda: -1)
-    finished = defaultdict(list)
-    while any(queues.values()):
-        progressed = False
-        for queue in queues.values():
-            while queue and (
-                queue[0].segments == 1 or done_rank[queue[0].unit] == queue[0].rank - 1
-            ):
-                item = queue.pop(0)
-                done_rank[item.unit] = item.rank
-                finished[item.unit].append(item)
-                progressed = True
-        assert progressed, "deadlock: every cluster waits on another"
-    return finished
-
-
-def check_schedule(schedule):
-    finished = simulate(schedule)
-    units = schedule.grid.work_units
-    assert sorted(finished) == list(range(units))
-    slots = set()
-    for unit, items in finished.items():
-        # every k-tile of the unit exactly once
-        covered = sorted(k for it in items for k in range(it.k_begin, it.k_end))
-        assert covered == list(range(schedule.k_tiles)), (unit, items)
-        # one writer, ranks in turnstile order
-        assert [it.rank for it in items] == list(range(len(items)))
-        assert all(it.segments == len(items) for it in items)
-        assert sum(it.final for it in items) == 1 and items[-1].final
-        if len(items) > 1:
-            assert len({it.slot for it in items}) == 1 and items[0].slot >= 0
-            slots.add(items[0].slot)
-        assert all(it.k_end > it.k_begin for it in items)
-    assert len(slots) <= schedule.workspace_slots
-    return finished
+def check_schedule(schedule, arrival_seed=0):
+    """Every k-tile of every unit computed exactly once; a shared unit's segments in k order
+    with distinct partial slots; and, whatever order the items finish in, exactly one item (the
+    last to arrive) writes each unit, summing its partials in segment order."""
+    items = [it for c in range(schedule.grid_clusters) for it in schedule.items(c)]
+    by_unit = defaultdict(list)
+    for it in items:
+        by_unit[it.unit].append(it)
+    assert sorted(by_unit) == list(range(schedule.grid.work_units))
+    partial_slots = [it.partial_slot for it in items if it.shared]
+    assert len(partial_slots) == len(set(partial_slots))
+    assert all(0 <= s < schedule.partial_slots for s in partial_slots)
+    for unit, unit_items in by_unit.items():
+        unit_items.sort(key=lambda it: it.segment)
+        covered = [k for it in unit_items for k in range(it.k_begin, it.k_end)]
+        assert covered == list(range(schedule.k_tiles)), (unit, unit_items)
+        assert all(it.k_end > it.k_begin for it in unit_items)
+        assert [it.segment for it in unit_items] == list(range(len(unit_items)))
+        assert all(it.segments == len(unit_items) for it in unit_items)
+        if len(unit_items) > 1:
+            assert len({(it.first_slot, it.counter) for it in unit_items}) == 1
+            assert all(it.partial_slot == it.first_slot + it.segment for it in unit_items)
+            assert 0 <= unit_items[0].counter < schedule.counters
+    # any arrival order: one writer per unit, the last to count itself in
+    order = list(items)
+    random.Random(arrival_seed).shuffle(order)
+    arrived, writers = defaultdict(int), defaultdict(int)
+    for it in order:
+        arrived[it.unit] += 1
+        if arrived[it.unit] == it.segments:
+            writers[it.unit] += 1
+    assert all(writers[u] == 1 for u in by_unit)
 
 
 grids = st.builds(
@@ -164,13 +164,11 @@ grids = st.builds(
     decomposition=st.sampled_from(["data_parallel", "split_k", "stream_k"]),
     splits=st.integers(2, 16),
 )
-def test_every_k_tile_once_every_tile_written_once_no_deadlock(
-    grid, k_tiles, resident, decomposition, splits
-):
+def test_every_k_tile_once_every_tile_written_once(grid, k_tiles, resident, decomposition, splits):
     schedule = make_schedule(decomposition, grid, k_tiles, resident, splits=splits)
     # the grid never holds more clusters than are resident at once
     assert 1 <= schedule.grid_clusters <= resident
-    check_schedule(schedule)
+    check_schedule(schedule, arrival_seed=k_tiles)
 
 
 @settings(max_examples=100, deadline=None)
@@ -186,8 +184,11 @@ def test_the_suggestion_is_a_valid_schedule(grid, k_tiles, resident):
     ("m", "n", "k", "expected"),
     [
         (4096, 4096, 4096, "data_parallel"),  # 512 units of 128x256: a 7/8-full last wave
-        (512, 512, 32768, "split_k"),  # 16 units leave most SMs idle, K is long
+        (512, 512, 32768, "split_k"),  # 8 units leave most SMs idle, K is long
         (1024, 4352, 4096, "stream_k"),  # 136 units: a nearly empty second wave
+        (2048, 2304, 8192, "stream_k"),  # 144 units: a second wave of 12
+        (2048, 6144, 8192, "data_parallel"),  # 384 units: a third wave of 120
+        (1024, 2304, 4096, "data_parallel"),  # 72 units: one wave, more than half full
         (128, 128, 128, "data_parallel"),  # one tiny unit, K too short to split
     ],
 )

@@ -36,7 +36,7 @@ EXPORTED_FUNCTION = "gemm"
 class CompiledGemm:
     """A compiled kernel and what it was compiled for.
 
-    Called as `kernel(a, b, out, workspace, flags, *runtime_args(config, device))`: torch
+    Called as `kernel(a, b, out, workspace, counters, *runtime_args(config, device))`: torch
     tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
     arguments (raster, swizzle, splits, grid limit) of any config that shares this binary.
     """
@@ -54,13 +54,13 @@ class CompiledGemm:
         b,
         out,
         workspace,
-        flags,
+        counters,
         along_n: int,
         swizzle: int,
         splits: int,
         max_active_clusters: int,
     ) -> None:
-        self.function(a, b, out, workspace, flags, along_n, swizzle, splits, max_active_clusters)
+        self.function(a, b, out, workspace, counters, along_n, swizzle, splits, max_active_clusters)
 
 
 @functools.cache
@@ -114,7 +114,7 @@ def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, 
 
 
 def fake_arguments(signature: KernelSignature) -> tuple:
-    """Fake (a, b, out, workspace, flags) for `signature`, sharing the symbolic M, N, K and L
+    """Fake (a, b, out, workspace, counters) for `signature`, sharing the symbolic M, N, K and L
     between a, b and out."""
     import cutlass
     import cutlass.cute as cute
@@ -132,8 +132,8 @@ def fake_arguments(signature: KernelSignature) -> tuple:
     workspace = make_fake_compact_tensor(
         cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
     )
-    flags = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int64(),), assumed_align=16)
-    return a, b, c, workspace, flags
+    counters = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int64(),), assumed_align=16)
+    return a, b, c, workspace, counters
 
 
 def compile_gemm(

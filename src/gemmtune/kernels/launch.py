@@ -1,8 +1,9 @@
 """Launching a compiled kernel: its runtime arguments and its split-K/stream-K workspace.
 
-The workspace (fp32 partial tiles and int32 flags, `turnstile.py`) is allocated once per
-device and stream, grown when a launch needs more, and reused: kernels leave every flag at 0,
-so a launch needs no memset. Launches on one stream run in order, so they can share it.
+The workspace (fp32 partial tiles and int32 arrival counters, `reduction.py`) is allocated
+once per device and stream, grown when a launch needs more, and reused: kernels leave every
+counter at 0, so a launch needs no memset. Launches on one stream run in order, so they can
+share it.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from gemmtune.kernels.sm90.rules import TILE_K
 
 @dataclass(frozen=True)
 class WorkspaceNeed:
-    """What one launch needs: fp32 partial-tile elements and int32 flags."""
+    """What one launch needs: fp32 partial-tile elements and int32 counters."""
 
     partials: int
-    flags: int
+    counters: int
 
     @property
     def bytes(self) -> int:
-        return 4 * (self.partials + self.flags)
+        return 4 * (self.partials + self.counters)
 
 
 def workspace_need(
@@ -41,8 +42,10 @@ def workspace_need(
         max_active_clusters,
         splits=config.splits,
     )
-    tiles = schedule.workspace_slots * config.cluster_m * config.cluster_n
-    return WorkspaceNeed(tiles * config.tile_m * config.tile_n, tiles)
+    ctas = config.cluster_m * config.cluster_n
+    return WorkspaceNeed(
+        schedule.partial_slots * ctas * config.tile_m * config.tile_n, schedule.counters * ctas
+    )
 
 
 @dataclass
@@ -52,14 +55,14 @@ class WorkspacePool:
     buffers: dict = field(default_factory=dict)
 
     def get(self, device: torch.device, need: WorkspaceNeed) -> tuple[torch.Tensor, torch.Tensor]:
-        """(partials, flags) of at least the sizes `need` asks for; flags are all zero."""
+        """(partials, counters) of at least the sizes `need` asks for; counters are all zero."""
         key = (device, torch.cuda.current_stream(device).stream_id)
-        partials, flags = self.buffers.get(key, (None, None))
-        if partials is None or partials.numel() < need.partials or flags.numel() < need.flags:
+        partials, counters = self.buffers.get(key, (None, None))
+        if partials is None or partials.numel() < need.partials or counters.numel() < need.counters:
             partials = torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
-            flags = torch.zeros(max(need.flags, 4), dtype=torch.int32, device=device)
-            self.buffers[key] = (partials, flags)
-        return partials, flags
+            counters = torch.zeros(max(need.counters, 4), dtype=torch.int32, device=device)
+            self.buffers[key] = (partials, counters)
+        return partials, counters
 
 
 WORKSPACES = WorkspacePool()
@@ -80,5 +83,5 @@ def launch(
     args = runtime_args(config, device.index or 0)
     batch = a.shape[0] if a.dim() == 3 else 1
     need = workspace_need(config, a.shape[-2], b.shape[-1], a.shape[-1], batch, args[-1])
-    partials, flags = pool.get(device, need)
-    kernel(a, b, out, partials, flags, *args)
+    partials, counters = pool.get(device, need)
+    kernel(a, b, out, partials, counters, *args)

@@ -98,32 +98,32 @@ def unit_coord(
 class WorkItem:
     """A range of k-tiles of one work unit that one cluster computes without interruption.
 
-    When several items share a unit (`segments` > 1) their partial sums meet in a workspace
-    slot through a turnstile: the item of rank 0 writes its partial and raises the unit's
-    flag to 1; rank r waits for flag == r, adds the partial to its own, writes it back and
-    raises the flag; the last rank (`segments - 1`) waits, adds, lowers the flag back to 0 and
-    runs the epilogue. The order never depends on timing, so results are deterministic.
+    When several items share a unit (`segments` > 1), each writes its partial sums to its own
+    workspace slot (`partial_slot`) and then counts itself in at the unit's arrival counter.
+    Whichever item arrives last adds the unit's partials up, always in segment (k) order from
+    the slot of segment 0 (`first_slot`), resets the counter to 0 and runs the epilogue. No
+    item ever waits for another, and the sum's order never depends on timing, so results are
+    deterministic.
     """
 
     unit: int
     k_begin: int
     k_end: int
-    rank: int = 0
+    segment: int = 0  # index among the unit's items, in k order
     segments: int = 1
-    slot: int = -1  # workspace slot of the unit; -1 when the unit is not shared
+    partial_slot: int = -1  # -1 when the unit is not shared
+    first_slot: int = -1
+    counter: int = -1
 
     @property
-    def final(self) -> bool:
-        return self.rank == self.segments - 1
+    def shared(self) -> bool:
+        return self.segments > 1
 
 
 @dataclass(frozen=True)
 class Schedule(abc.ABC):
     """A decomposition of the work: which items each persistent cluster computes, in order.
-
-    `grid_clusters` must not exceed the clusters that are resident at once: items wait on
-    items of other clusters, which therefore must all be running.
-    """
+    No item waits for another, so the schedule cannot deadlock whatever runs when."""
 
     grid: TileGrid
     k_tiles: int
@@ -152,16 +152,21 @@ class Schedule(abc.ABC):
         """The items persistent cluster `cluster` computes, in order."""
 
     @property
-    def workspace_slots(self) -> int:
-        """Units that are shared between items (each needs a partial tile and a flag per CTA)."""
+    def partial_slots(self) -> int:
+        """Partial tiles the workspace holds (per CTA of a cluster)."""
+        return 0
+
+    @property
+    def counters(self) -> int:
+        """Arrival counters the workspace holds (per CTA of a cluster)."""
         return 0
 
     @property
     def workspace_bytes(self) -> int:
-        """Bytes of fp32 partial tiles plus int32 flags the schedule needs."""
+        """Bytes of fp32 partial tiles plus int32 counters the schedule needs."""
         g = self.grid
-        tiles = self.workspace_slots * g.cluster_m * g.cluster_n
-        return tiles * (g.tile_m * g.tile_n * 4 + 4)
+        ctas = g.cluster_m * g.cluster_n
+        return ctas * (self.partial_slots * g.tile_m * g.tile_n * 4 + self.counters * 4)
 
 
 @dataclass(frozen=True)
@@ -197,8 +202,7 @@ class SplitKSchedule(Schedule):
     """Every unit's k-tiles are cut into `splits` near-equal ranges, each its own item.
 
     Items are numbered unit-major (the splits of a unit are consecutive) and handed out like
-    units in the data-parallel schedule; an item only ever waits on a lower-numbered item, so
-    the schedule cannot deadlock. Splits beyond the number of k-tiles are dropped.
+    units in the data-parallel schedule. Splits beyond the number of k-tiles are dropped.
     """
 
     splits: int = 2
@@ -213,11 +217,18 @@ class SplitKSchedule(Schedule):
         for item in range(cluster, self.grid.work_units * s, self.grid_clusters):
             unit, split = divmod(item, s)
             k_begin, k_end = balanced_range(split, s, self.k_tiles)
-            out.append(WorkItem(unit, k_begin, k_end, split, s, unit))
+            if s == 1:
+                out.append(WorkItem(unit, k_begin, k_end))
+            else:
+                out.append(WorkItem(unit, k_begin, k_end, split, s, item, unit * s, unit))
         return out
 
     @property
-    def workspace_slots(self) -> int:
+    def partial_slots(self) -> int:
+        return self.grid.work_units * self.effective_splits if self.effective_splits > 1 else 0
+
+    @property
+    def counters(self) -> int:
         return self.grid.work_units if self.effective_splits > 1 else 0
 
 
@@ -226,9 +237,11 @@ class StreamKSchedule(Schedule):
     """Hybrid stream-K: whole waves of units run data-parallel first; the units of the last
     partial wave, plus one full wave when there is one, are the stream-K region: their MAC
     iterations (unit x k-tile, unit-major) are cut into one near-equal contiguous range per
-    cluster. A unit whose iterations span several clusters is reduced in the turnstile from its
-    last k-tiles (the cluster that started with them) to its first (the cluster that reached
-    them last), which runs the epilogue.
+    cluster, and a unit whose iterations span several clusters is shared between them.
+
+    Walking the region's iterations in order, a new item starts exactly when the cluster or
+    the unit changes, so item (cluster c, region unit u) is item number c + u of the region:
+    that is its partial slot, and the unit's segments sit in slots first..last cluster + u.
     """
 
     @property
@@ -260,16 +273,31 @@ class StreamKSchedule(Schedule):
             unit_start = local_unit * self.k_tiles
             first = part_of(unit_start, self.grid_clusters, self.sk_iterations)
             last = part_of(unit_start + self.k_tiles - 1, self.grid_clusters, self.sk_iterations)
-            segments = last - first + 1
-            slot = local_unit if segments > 1 else -1
-            out.append(
-                WorkItem(self.dp_units + local_unit, k_begin, k_end, last - cluster, segments, slot)
-            )
+            unit = self.dp_units + local_unit
+            if first == last:
+                out.append(WorkItem(unit, k_begin, k_end))
+            else:
+                out.append(
+                    WorkItem(
+                        unit,
+                        k_begin,
+                        k_end,
+                        cluster - first,
+                        last - first + 1,
+                        cluster + local_unit,
+                        first + local_unit,
+                        local_unit,
+                    )
+                )
             it += k_end - k_begin
         return out
 
     @property
-    def workspace_slots(self) -> int:
+    def partial_slots(self) -> int:
+        return self.grid_clusters + self.sk_units - 1 if self.sk_units else 0
+
+    @property
+    def counters(self) -> int:
         return self.sk_units
 
 
@@ -307,17 +335,15 @@ def suggest_decomposition(
     """A first guess at (decomposition, splits) for a problem, before anything is timed.
 
     The rule follows CUTLASS's: data-parallel when the last wave is empty or at least half
-    full; stream-K when a wave or more runs with a thin last wave, or when the units fill
-    more than half of the GPU; split-K when the units leave most of the GPU idle and K is long
-    enough to give each split at least four k-tiles.
+    full (a single wave included); stream-K when whole waves run and the last one is thin;
+    split-K when the units leave more than half of the GPU idle and K is long enough to give
+    each split at least four k-tiles.
     """
     units, clusters = grid.work_units, max_active_clusters
-    if units >= clusters:
-        tail = units % clusters
-        if tail == 0 or 2 * tail >= clusters:
-            return "data_parallel", 1
-        return "stream_k", 1
-    if 2 * units > clusters:
+    tail = units % clusters
+    if tail == 0 or 2 * tail >= clusters:
+        return "data_parallel", 1
+    if units > clusters:
         return "stream_k", 1
     splits = min(16, clusters // units, k_tiles // 4)
     if splits >= 2:

@@ -137,15 +137,19 @@ class TileScheduler:
             return position < self.work_units * self.splits
         return position < self.work_units
 
-    def item(self, position: Int32, cluster: Int32):
-        """(unit, k_begin, k_end, rank, segments, slot, next_position) at `position`."""
+    def item(self, position: Int32, cluster: Int32) -> tuple:
+        """The `WorkItem` at `position` and the next position, as a tuple: (unit, k_begin,
+        k_end, segment, segments, partial_slot, first_slot, counter, next_position)."""
         if self.decomposition == "split_k":
             unit = position // self.splits
             split = position - unit * self.splits
             k_begin = balanced_begin(split, self.splits, self.k_tiles)
             k_end = balanced_begin(split + 1, self.splits, self.k_tiles)
             next_position = position + self.grid_clusters
-            return unit, k_begin, k_end, split, self.splits, unit, next_position
+            first_slot = unit * self.splits
+            return (
+                unit, k_begin, k_end, split, self.splits, position, first_slot, unit, next_position
+            )  # fmt: skip
         if self.decomposition == "stream_k":
             dp_iterations = self.dp_units * self.k_tiles
             sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
@@ -156,17 +160,28 @@ class TileScheduler:
             k_end = _pick(
                 in_dp, self.k_tiles, cutlass.min(self.k_tiles, k_begin + sk_end - position)
             )
-            local_start = (unit - self.dp_units) * self.k_tiles
+            local_unit = unit - self.dp_units
+            local_start = local_unit * self.k_tiles
             first = part_of(local_start, self.grid_clusters, sk_iterations)
             last = part_of(local_start + self.k_tiles - 1, self.grid_clusters, sk_iterations)
             segments = _pick(in_dp, Int32(1), last - first + 1)
-            rank = _pick(in_dp, Int32(0), last - cluster)
             dp_next = position + self.grid_clusters * self.k_tiles
             dp_next = _pick(Int32(dp_next < dp_iterations), dp_next, sk_begin)
             next_position = _pick(in_dp, dp_next, position + k_end - k_begin)
-            return unit, k_begin, k_end, rank, segments, unit - self.dp_units, next_position
+            return (
+                unit,
+                k_begin,
+                k_end,
+                cluster - first,
+                segments,
+                cluster + local_unit,
+                first + local_unit,
+                local_unit,
+                next_position,
+            )
         next_position = position + self.grid_clusters
-        return position, Int32(0), self.k_tiles, Int32(0), Int32(1), Int32(-1), next_position
+        zero = Int32(0)
+        return position, zero, self.k_tiles, zero, Int32(1), zero, zero, zero, next_position
 
     def tile_of_unit(self, unit: Int32, cta_in_cluster: tuple):
         """(tile_m_idx, tile_n_idx, batch) this CTA computes for `unit`."""

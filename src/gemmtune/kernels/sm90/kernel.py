@@ -25,10 +25,10 @@ from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.reduction import reduce_partials
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
-from gemmtune.kernels.turnstile import reduce_partials
 
 DSL_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
 
@@ -101,7 +101,7 @@ class HopperGemm:
         b: cute.Tensor,
         c: cute.Tensor,
         workspace: cute.Tensor,
-        flags: cute.Tensor,
+        counters: cute.Tensor,
         along_n: Int32,
         swizzle: Int32,
         splits: Int32,
@@ -176,7 +176,7 @@ class HopperGemm:
             store_atom,
             store_target,
             workspace,
-            flags,
+            counters,
             tiled_mma,
             a_smem,
             b_smem,
@@ -208,7 +208,7 @@ class HopperGemm:
         store_atom: cute.CopyAtom,
         mC: cute.Tensor,
         workspace: cute.Tensor,
-        flags: cute.Tensor,
+        counters: cute.Tensor,
         tiled_mma: cute.TiledMma,
         a_smem: cute.ComposedLayout,
         b_smem: cute.ComposedLayout,
@@ -330,7 +330,7 @@ class HopperGemm:
                 store_atom,
                 mC,
                 workspace,
-                flags,
+                counters,
                 tidx,
                 warp_idx,
                 warp_group - 1,
@@ -350,7 +350,7 @@ class HopperGemm:
         store_atom: cute.CopyAtom,
         mC: cute.Tensor,
         workspace: cute.Tensor,
-        flags: cute.Tensor,
+        counters: cute.Tensor,
         tidx: Int32,
         warp_idx: Int32,
         consumer: Int32,
@@ -384,6 +384,12 @@ class HopperGemm:
         )
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
+        # one int32 per consumer group, for the reduction's verdict
+        is_last_flags = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 4)
+        group = 0
+        if cutlass.const_expr(not self.cooperative):
+            group = consumer
+        is_last_flag = cute.make_tensor(is_last_flags.iterator + group, cute.make_layout(1))
 
         if cutlass.const_expr(self.config.tma_store):
             sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
@@ -422,9 +428,17 @@ class HopperGemm:
         item_index = Int32(0)
         tiles_stored = Int32(0)
         while scheduler.valid(position, cluster):
-            unit, k_begin, k_end, rank, segments, slot, next_position = scheduler.item(
-                position, cluster
-            )
+            (
+                unit,
+                k_begin,
+                k_end,
+                _segment,
+                segments,
+                partial_slot,
+                first_slot,
+                counter,
+                next_position,
+            ) = scheduler.item(position, cluster)
             mine = True
             if cutlass.const_expr(not self.cooperative):
                 mine = item_index % 2 == consumer
@@ -448,18 +462,21 @@ class HopperGemm:
                 final = True
                 if cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
-                        reduce_partials(
+                        # slots and counters are per CTA of the cluster
+                        final = reduce_partials(
                             accumulators,
                             workspace,
-                            flags,
-                            slot * cluster_ctas + cta_rank,
-                            rank,
+                            counters,
+                            partial_slot * cluster_ctas + cta_rank,
+                            first_slot * cluster_ctas + cta_rank,
+                            cluster_ctas,
+                            counter * cluster_ctas + cta_rank,
                             segments,
                             thread_in_group,
                             group_threads,
                             group_barrier,
+                            is_last_flag,
                         )
-                        final = rank == segments - 1
                 if final:
                     if cutlass.const_expr(self.config.tma_store):
                         ring_start = 0

@@ -34,7 +34,7 @@ def produce(
     cluster = cluster_index()
     position = scheduler.first_position(cluster)
     while scheduler.valid(position, cluster):
-        unit, k_begin, k_end, _, _, _, next_position = scheduler.item(position, cluster)
+        unit, k_begin, k_end, *_, next_position = scheduler.item(position, cluster)
         tile_m, tile_n, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
         tAgA_tile = tAgA[(None, tile_m, None, batch)]
         tBgB_tile = tBgB[(None, tile_n, None, batch)]
