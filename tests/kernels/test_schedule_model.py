@@ -1,5 +1,4 @@
 import itertools
-import random
 from collections import defaultdict
 
 import pytest
@@ -81,10 +80,10 @@ def test_split_k_items_and_slots():
     s = SplitKSchedule(g, k_tiles=10, grid_clusters=132, splits=4)
     items = s.items(4) + s.items(5) + s.items(6) + s.items(7)
     assert items == [
-        WorkItem(1, 0, 3, 0, 4, 4, 4, 1),
-        WorkItem(1, 3, 6, 1, 4, 5, 4, 1),
-        WorkItem(1, 6, 8, 2, 4, 6, 4, 1),
-        WorkItem(1, 8, 10, 3, 4, 7, 4, 1),
+        WorkItem(1, 0, 3, 0, 4, 4, 4, 1, 3),
+        WorkItem(1, 3, 6, 1, 4, 5, 4, 1, 3),
+        WorkItem(1, 6, 8, 2, 4, 6, 4, 1, 3),
+        WorkItem(1, 8, 10, 3, 4, 7, 4, 1, 3),
     ]
     assert (s.partial_slots, s.counters) == (64, 16)
     assert s.workspace_bytes == 64 * 128 * 128 * 4 + 16 * 4
@@ -107,14 +106,35 @@ def test_stream_k_hybrid_regions():
     assert [it.segment for it in unit0] == list(range(9))
     assert {it.first_slot for it in unit0} == {0} and {it.counter for it in unit0} == {0}
     assert [it.partial_slot for it in unit0] == list(range(9))
+    assert [it.writes for it in unit0] == [True] + [False] * 8
     assert small.partial_slots == 132 + 16 - 1
 
 
-def check_schedule(schedule, arrival_seed=0):
+def simulate(schedule):
+    """Run every cluster's items in order; an owner waits until every other segment of its
+    unit is done. Fails on deadlock; returns the items in completion order."""
+    queues = {c: list(schedule.items(c)) for c in range(schedule.grid_clusters)}
+    done = defaultdict(int)
+    finished = []
+    while any(queues.values()):
+        progressed = False
+        for queue in queues.values():
+            while queue:
+                item = queue[0]
+                if item.shared and item.writes and done[item.unit] < item.segments - 1:
+                    break
+                queue.pop(0)
+                done[item.unit] += not item.writes
+                finished.append(item)
+                progressed = True
+        assert progressed, "deadlock: every cluster waits on another"
+    return finished
+
+
+def check_schedule(schedule):
     """Every k-tile of every unit computed exactly once; a shared unit's segments in k order
-    with distinct partial slots; and, whatever order the items finish in, exactly one item (the
-    last to arrive) writes each unit, summing its partials in segment order."""
-    items = [it for c in range(schedule.grid_clusters) for it in schedule.items(c)]
+    with distinct partial slots; one writer per unit; and no deadlock."""
+    items = simulate(schedule)
     by_unit = defaultdict(list)
     for it in items:
         by_unit[it.unit].append(it)
@@ -123,6 +143,8 @@ def check_schedule(schedule, arrival_seed=0):
     assert len(partial_slots) == len(set(partial_slots))
     assert all(0 <= s < schedule.partial_slots for s in partial_slots)
     for unit, unit_items in by_unit.items():
+        # the writer finishes last
+        assert unit_items[-1].writes and sum(it.writes for it in unit_items) == 1
         unit_items.sort(key=lambda it: it.segment)
         covered = [k for it in unit_items for k in range(it.k_begin, it.k_end)]
         assert covered == list(range(schedule.k_tiles)), (unit, unit_items)
@@ -130,18 +152,9 @@ def check_schedule(schedule, arrival_seed=0):
         assert [it.segment for it in unit_items] == list(range(len(unit_items)))
         assert all(it.segments == len(unit_items) for it in unit_items)
         if len(unit_items) > 1:
-            assert len({(it.first_slot, it.counter) for it in unit_items}) == 1
+            assert len({(it.first_slot, it.counter, it.owner) for it in unit_items}) == 1
             assert all(it.partial_slot == it.first_slot + it.segment for it in unit_items)
             assert 0 <= unit_items[0].counter < schedule.counters
-    # any arrival order: one writer per unit, the last to count itself in
-    order = list(items)
-    random.Random(arrival_seed).shuffle(order)
-    arrived, writers = defaultdict(int), defaultdict(int)
-    for it in order:
-        arrived[it.unit] += 1
-        if arrived[it.unit] == it.segments:
-            writers[it.unit] += 1
-    assert all(writers[u] == 1 for u in by_unit)
 
 
 grids = st.builds(
@@ -168,7 +181,7 @@ def test_every_k_tile_once_every_tile_written_once(grid, k_tiles, resident, deco
     schedule = make_schedule(decomposition, grid, k_tiles, resident, splits=splits)
     # the grid never holds more clusters than are resident at once
     assert 1 <= schedule.grid_clusters <= resident
-    check_schedule(schedule, arrival_seed=k_tiles)
+    check_schedule(schedule)
 
 
 @settings(max_examples=100, deadline=None)

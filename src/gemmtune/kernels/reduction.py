@@ -1,10 +1,11 @@
-"""Summing the partial accumulators of a shared tile, deterministically, without waiting.
+"""Summing the partial accumulators of a shared tile, deterministically.
 
-Several items (split-K splits, stream-K segments) compute parts of one output tile. Each writes
-its partial sums to its own workspace slot and counts itself in at the tile's arrival counter
-(an int32, 0 between launches). The item that arrives last adds all the partials up in
-segment (k) order, resets the counter to 0 (so the next launch needs no memset) and goes on to
-the epilogue; the others are done. Nobody waits, and the order of the additions is fixed, so
+Several items (split-K splits, stream-K segments) compute parts of one output tile; one of them,
+the owner (`schedule_model.WorkItem`), writes it. Every other item writes its partial sums to
+its own workspace slot and counts itself in at the tile's arrival counter (an int32, 0 between
+launches) with release semantics; `publish_partial` does that. The owner waits until all have
+arrived, adds their partials to its accumulators in segment (k) order and resets the counter to
+0, so the next launch needs no memset; `gather_partials`. The owner and the order are fixed, so
 the result never depends on timing.
 
 Partial tiles are stored in the accumulators' register order, interleaved by thread
@@ -12,13 +13,15 @@ Partial tiles are stored in the accumulators' register order, interleaved by thr
 thread and coalesced across the warp.
 """
 
+import math
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-#: floats of the sum one thread builds at a time: registers for the loads in flight
-SUM_CHUNK = 64
+#: most floats of a partial one thread loads at a time (registers for the loads in flight)
+MAX_CHUNK = 64
 
 
 def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
@@ -32,58 +35,70 @@ def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
 
 
 @cute.jit
-def reduce_partials(
+def publish_partial(
     accumulators: cute.Tensor,
     workspace: cute.Tensor,
     counters: cute.Tensor,
-    partial_slot: Int32,
+    slot: Int32,
+    counter: Int32,
+    thread: Int32,
+    threads: cutlass.Constexpr,
+    barrier: pipeline.NamedBarrier,
+):
+    """Write this item's partial sums to `slot` and count it in at `counter`. `thread` counts
+    from 0 among the `threads` (synchronised by `barrier`) that hold the tile."""
+    values = cute.size(accumulators)
+    acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, values // 4)))
+    store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), cutlass.Float32, num_bits_per_copy=128)
+    cute.copy(store, acc, _partials(workspace, values, threads)[((None, None, thread), slot)])
+    barrier.arrive_and_wait()
+    if thread == 0:
+        # release the group's partials (ordered before us by the barrier) to the owner
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.atomic_add(counters.iterator + counter, Int32(1), sem="release", scope="gpu")
+
+
+@cute.jit
+def gather_partials(
+    accumulators: cute.Tensor,
+    workspace: cute.Tensor,
+    counters: cute.Tensor,
     first_slot: Int32,
     slot_stride: cutlass.Constexpr,
     counter: Int32,
+    segment: Int32,
     segments: Int32,
     thread: Int32,
     threads: cutlass.Constexpr,
     barrier: pipeline.NamedBarrier,
-    is_last_flag: cute.Tensor,
 ):
-    """This item's part of the reduction; when it arrives last, its accumulators end up
-    holding the tile's whole sum. `thread` counts from 0 among the `threads` that hold the
-    tile; `is_last_flag` is one int32 of shared memory that tells them all the verdict. The
-    partials of segment j sit in slot `first_slot + j * slot_stride`."""
+    """Wait for the other `segments - 1` items, then add their partials (segment j's in slot
+    `first_slot + j * slot_stride`) to the accumulators, in segment order, skipping our own
+    `segment`."""
     values = cute.size(accumulators)
-    partials = _partials(workspace, values, threads)
-    acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, values // 4)))
-    store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), cutlass.Float32, num_bits_per_copy=128)
-    cute.copy(store, acc, partials[((None, None, thread), partial_slot)])
-    barrier.arrive_and_wait()
     if thread == 0:
-        # release our partials (and, through the barrier, the group's) to the last arriver
-        cute.arch.fence_acq_rel_gpu()
-        arrived = cute.arch.atomic_add(
-            counters.iterator + counter, Int32(1), sem="acq_rel", scope="gpu"
-        )
-        is_last_flag[0] = Int32(arrived == segments - 1)
-        if arrived == segments - 1:
-            cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")
+        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+        while seen != segments - 1:
+            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+        cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")
     barrier.arrive_and_wait()
-    is_last = is_last_flag[0] == 1
-    if is_last:
-        load = cute.make_copy_atom(
-            cute.nvgpu.CopyG2ROp(),
-            cutlass.Float32,
-            num_bits_per_copy=128,
-            load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,  # skip L1: other SMs wrote them
+    load = cute.make_copy_atom(
+        cute.nvgpu.CopyG2ROp(),
+        cutlass.Float32,
+        num_bits_per_copy=128,
+        load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,  # skip L1: other SMs wrote them
+    )
+    partials = _partials(workspace, values, threads)
+    chunk = math.gcd(values, MAX_CHUNK)
+    vectors = chunk // 4
+    partial = cute.make_rmem_tensor((4, vectors), cutlass.Float32)
+    for c in cutlass.range_constexpr(values // chunk):
+        sum_view = cute.make_tensor(
+            accumulators.iterator + c * chunk, cute.make_layout((4, vectors))
         )
-        chunk = min(SUM_CHUNK, values)
-        vectors = chunk // 4
-        partial = cute.make_rmem_tensor((4, vectors), cutlass.Float32)
-        for c in cutlass.range_constexpr(values // chunk):
-            sum_view = cute.make_tensor(
-                accumulators.iterator + c * chunk, cute.make_layout((4, vectors))
-            )
-            sum_view.fill(0.0)
-            for segment in range(segments):
-                source = partials[((None, None, thread), first_slot + segment * slot_stride)]
+        for other in range(segments):
+            if other != segment:
+                source = partials[((None, None, thread), first_slot + other * slot_stride)]
                 cute.copy(
                     load,
                     cute.make_tensor(
@@ -93,4 +108,3 @@ def reduce_partials(
                     partial,
                 )
                 sum_view.store(sum_view.load() + partial.load())
-    return is_last

@@ -98,12 +98,14 @@ def unit_coord(
 class WorkItem:
     """A range of k-tiles of one work unit that one cluster computes without interruption.
 
-    When several items share a unit (`segments` > 1), each writes its partial sums to its own
-    workspace slot (`partial_slot`) and then counts itself in at the unit's arrival counter.
-    Whichever item arrives last adds the unit's partials up, always in segment (k) order from
-    the slot of segment 0 (`first_slot`), resets the counter to 0 and runs the epilogue. No
-    item ever waits for another, and the sum's order never depends on timing, so results are
-    deterministic.
+    When several items share a unit (`segments` > 1), one of them, the `owner` segment, writes
+    the unit. Every other item writes its partial sums to its own workspace slot
+    (`partial_slot`; segment j's is `first_slot + j`) and counts itself in at the unit's
+    arrival counter. The owner waits until all have arrived, adds their partials to its own
+    accumulators in segment (k) order, resets the counter to 0 and runs the epilogue. The owner
+    is fixed and so is the order of the additions, so results never depend on timing. Owners
+    are chosen so that they wait only on items that never wait before them: the last split
+    (split-K), the first segment, computed at the end of its cluster's range (stream-K).
     """
 
     unit: int
@@ -114,16 +116,25 @@ class WorkItem:
     partial_slot: int = -1  # -1 when the unit is not shared
     first_slot: int = -1
     counter: int = -1
+    owner: int = 0  # the segment that reduces and writes the unit
 
     @property
     def shared(self) -> bool:
         return self.segments > 1
 
+    @property
+    def writes(self) -> bool:
+        """True for the item that writes the unit's output."""
+        return self.segment == self.owner
+
 
 @dataclass(frozen=True)
 class Schedule(abc.ABC):
     """A decomposition of the work: which items each persistent cluster computes, in order.
-    No item waits for another, so the schedule cannot deadlock whatever runs when."""
+
+    `grid_clusters` must not exceed the clusters resident at once: owners wait on items of
+    other clusters, which therefore must all be running.
+    """
 
     grid: TileGrid
     k_tiles: int
@@ -202,7 +213,9 @@ class SplitKSchedule(Schedule):
     """Every unit's k-tiles are cut into `splits` near-equal ranges, each its own item.
 
     Items are numbered unit-major (the splits of a unit are consecutive) and handed out like
-    units in the data-parallel schedule. Splits beyond the number of k-tiles are dropped.
+    units in the data-parallel schedule. The last split owns the unit: it waits only on
+    lower-numbered items, so the schedule cannot deadlock. Splits beyond the number of k-tiles
+    are dropped.
     """
 
     splits: int = 2
@@ -220,7 +233,7 @@ class SplitKSchedule(Schedule):
             if s == 1:
                 out.append(WorkItem(unit, k_begin, k_end))
             else:
-                out.append(WorkItem(unit, k_begin, k_end, split, s, item, unit * s, unit))
+                out.append(WorkItem(unit, k_begin, k_end, split, s, item, unit * s, unit, s - 1))
         return out
 
     @property
@@ -242,6 +255,8 @@ class StreamKSchedule(Schedule):
     Walking the region's iterations in order, a new item starts exactly when the cluster or
     the unit changes, so item (cluster c, region unit u) is item number c + u of the region:
     that is its partial slot, and the unit's segments sit in slots first..last cluster + u.
+    The first segment owns the unit: its cluster reaches it at the end of its range, while the
+    other segments are the first items of their clusters' ranges, which never wait.
     """
 
     @property
@@ -277,16 +292,18 @@ class StreamKSchedule(Schedule):
             if first == last:
                 out.append(WorkItem(unit, k_begin, k_end))
             else:
+                segment = cluster - first
                 out.append(
                     WorkItem(
                         unit,
                         k_begin,
                         k_end,
-                        cluster - first,
+                        segment,
                         last - first + 1,
                         cluster + local_unit,
                         first + local_unit,
                         local_unit,
+                        0,
                     )
                 )
             it += k_end - k_begin

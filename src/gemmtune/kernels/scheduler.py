@@ -139,7 +139,7 @@ class TileScheduler:
 
     def item(self, position: Int32, cluster: Int32) -> tuple:
         """The `WorkItem` at `position` and the next position, as a tuple: (unit, k_begin,
-        k_end, segment, segments, partial_slot, first_slot, counter, next_position)."""
+        k_end, segment, segments, partial_slot, first_slot, counter, owner, next_position)."""
         if self.decomposition == "split_k":
             unit = position // self.splits
             split = position - unit * self.splits
@@ -147,8 +147,10 @@ class TileScheduler:
             k_end = balanced_begin(split + 1, self.splits, self.k_tiles)
             next_position = position + self.grid_clusters
             first_slot = unit * self.splits
+            owner = self.splits - 1
             return (
-                unit, k_begin, k_end, split, self.splits, position, first_slot, unit, next_position
+                unit, k_begin, k_end, split, self.splits, position, first_slot, unit, owner,
+                next_position,
             )  # fmt: skip
         if self.decomposition == "stream_k":
             dp_iterations = self.dp_units * self.k_tiles
@@ -177,11 +179,12 @@ class TileScheduler:
                 cluster + local_unit,
                 first + local_unit,
                 local_unit,
+                Int32(0),
                 next_position,
             )
         next_position = position + self.grid_clusters
         zero = Int32(0)
-        return position, zero, self.k_tiles, zero, Int32(1), zero, zero, zero, next_position
+        return position, zero, self.k_tiles, zero, Int32(1), zero, zero, zero, zero, next_position
 
     def tile_of_unit(self, unit: Int32, cta_in_cluster: tuple):
         """(tile_m_idx, tile_n_idx, batch) this CTA computes for `unit`."""

@@ -25,7 +25,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.reduction import reduce_partials
+from gemmtune.kernels.reduction import gather_partials, publish_partial
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
@@ -384,12 +384,6 @@ class HopperGemm:
         )
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
-        # one int32 per consumer group, for the reduction's verdict
-        is_last_flags = smem.allocate_tensor(cutlass.Int32, cute.make_layout(2), 4)
-        group = 0
-        if cutlass.const_expr(not self.cooperative):
-            group = consumer
-        is_last_flag = cute.make_tensor(is_last_flags.iterator + group, cute.make_layout(1))
 
         if cutlass.const_expr(self.config.tma_store):
             sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
@@ -432,11 +426,12 @@ class HopperGemm:
                 unit,
                 k_begin,
                 k_end,
-                _segment,
+                segment,
                 segments,
                 partial_slot,
                 first_slot,
                 counter,
+                owner,
                 next_position,
             ) = scheduler.item(position, cluster)
             mine = True
@@ -463,20 +458,32 @@ class HopperGemm:
                 if cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
                         # slots and counters are per CTA of the cluster
-                        final = reduce_partials(
-                            accumulators,
-                            workspace,
-                            counters,
-                            partial_slot * cluster_ctas + cta_rank,
-                            first_slot * cluster_ctas + cta_rank,
-                            cluster_ctas,
-                            counter * cluster_ctas + cta_rank,
-                            segments,
-                            thread_in_group,
-                            group_threads,
-                            group_barrier,
-                            is_last_flag,
-                        )
+                        final = segment == owner
+                        if final:
+                            gather_partials(
+                                accumulators,
+                                workspace,
+                                counters,
+                                first_slot * cluster_ctas + cta_rank,
+                                cluster_ctas,
+                                counter * cluster_ctas + cta_rank,
+                                segment,
+                                segments,
+                                thread_in_group,
+                                group_threads,
+                                group_barrier,
+                            )
+                        else:
+                            publish_partial(
+                                accumulators,
+                                workspace,
+                                counters,
+                                partial_slot * cluster_ctas + cta_rank,
+                                counter * cluster_ctas + cta_rank,
+                                thread_in_group,
+                                group_threads,
+                                group_barrier,
+                            )
                 if final:
                     if cutlass.const_expr(self.config.tma_store):
                         ring_start = 0
