@@ -89,6 +89,14 @@ def main() -> None:
     }
     failed = [o.job.name for o in outcomes if o.path is None]
     flush = L2Flusher()
+    method = (
+        f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
+        f"{SPLITS} where units < resident clusters) at raster along_m, swizzle 1, then the best "
+        f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, 5 ms "
+        f"warm-up, L2 flushed before each run, median of {args.runs} runs; torch.randn bf16; "
+        f"verified against a float32 reference first (ours_ms null: rejected). Compile "
+        f"failures: {failed}"
+    )
     rows = []
     for shape in load_shapes():
         if args.shapes and shape["name"] not in args.shapes.split(","):
@@ -149,15 +157,9 @@ def main() -> None:
             f"{sum(t[0] is None for t in timed)} rejected",
             flush=True,
         )
-    method = (
-        f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
-        f"{SPLITS} where units < resident clusters) at raster along_m, swizzle 1, then the best "
-        f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, 5 ms "
-        f"warm-up, L2 flushed before each run, median of {args.runs} runs; torch.randn bf16; "
-        f"verified against a float32 reference first (ours_ms null: rejected). Compile "
-        f"failures: {failed}"
-    )
-    print(f"wrote {write_results('timings', method, rows, args.out_dir)}")
+        # after every shape, so that a run cut short keeps what it measured
+        path = write_results("timings", method, rows, args.out_dir)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
