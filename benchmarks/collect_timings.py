@@ -158,7 +158,7 @@ def main() -> None:
             flush=True,
         )
         # after every shape, so that a run cut short keeps what it measured
-        path = write_results("timings", method, rows, args.out_dir)
+        path = write_results("timings", method, rows, args.out_dir, compress=True)
     print(f"wrote {path}")
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import gzip
 import importlib.metadata as metadata
 import json
 from pathlib import Path
@@ -44,7 +45,11 @@ def versions() -> dict:
     }
 
 
-def write_results(what: str, method: str, rows: list[dict], out_dir: Path = RESULTS) -> Path:
+def write_results(
+    what: str, method: str, rows: list[dict], out_dir: Path = RESULTS, compress: bool = False
+) -> Path:
+    """Write the results file; `compress` gzips it (`.json.gz`), for raw data sets too large to
+    keep in the tree that travels to the GPU machine."""
     props = torch.cuda.get_device_properties(0)
     today = datetime.date.today().isoformat()
     doc = {
@@ -58,7 +63,11 @@ def write_results(what: str, method: str, rows: list[dict], out_dir: Path = RESU
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{what}-{gpu_tag()}-{today}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    if compress:
+        path = path.with_suffix(".json.gz")
+        path.write_bytes(gzip.compress(json.dumps(doc, separators=(",", ":")).encode()))
+    else:
+        path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
 
 
