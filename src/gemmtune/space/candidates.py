@@ -1,0 +1,81 @@
+"""Every valid `GemmConfig` for a problem.
+
+The kernels say what is valid (`kernels/<arch>/rules.py`: tiles, clusters, shared memory,
+dtypes, layouts, alignment); this module only multiplies their binaries out by the runtime
+fields: split counts, raster orders, swizzles. Order is deterministic: the kernel's order of
+binaries, then splits, raster, swizzle.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+from gemmtune.config import SWIZZLES, Decomposition, GemmConfig, Raster
+from gemmtune.device import Arch
+from gemmtune.kernels.sm90 import rules as sm90_rules
+from gemmtune.kernels.sm100 import rules as sm100_rules
+from gemmtune.problem import GemmProblem
+
+log = logging.getLogger(__name__)
+
+SPLIT_COUNTS = (2, 3, 4, 6, 8, 12, 16)
+RULES: dict[Arch, ModuleType] = {Arch.SM90: sm90_rules, Arch.SM100: sm100_rules}
+
+
+def rules_for(arch: Arch) -> ModuleType:
+    if arch not in RULES:
+        raise ValueError(f"gemmtune has no kernels for {arch.value}")
+    return RULES[arch]
+
+
+def binaries(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]:
+    """The compiled variants (runtime fields at their defaults) that can serve `problem`."""
+    rules = rules_for(arch or problem.arch)
+    if arch is not None and arch is not problem.arch:
+        # describe the same problem on the other architecture (enumeration on the CPU)
+        problem = _on_arch(problem, arch)
+    return [
+        config
+        for config in rules.implemented_configs(tuple(Decomposition))
+        if rules.serves(config, problem) is None
+    ]
+
+
+def _on_arch(problem: GemmProblem, arch: Arch) -> GemmProblem:
+    import dataclasses
+
+    return dataclasses.replace(problem, arch=arch)
+
+
+def runtime_variants(binary: GemmConfig, k_tiles: int | None = None) -> list[GemmConfig]:
+    """`binary` at every split count (split-K; at most one split per k-tile), raster order and
+    swizzle."""
+    splits = (1,)
+    if binary.decomposition is Decomposition.SPLIT_K:
+        splits = tuple(s for s in SPLIT_COUNTS if k_tiles is None or s <= k_tiles)
+    return [
+        binary.with_runtime(splits=s, raster=raster, swizzle=swizzle)
+        for s in splits
+        for raster in Raster
+        for swizzle in SWIZZLES
+    ]
+
+
+def candidates(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]:
+    """Every valid config for `problem` on `arch` (by default the problem's GPU)."""
+    from gemmtune.kernels.schedule_model import ceil_div
+    from gemmtune.kernels.sm90.rules import TILE_K
+
+    k_tiles = ceil_div(problem.k, TILE_K)
+    out = [v for b in binaries(problem, arch) for v in runtime_variants(b, k_tiles)]
+    log.info(
+        "%d candidate configs for %dx%dx%dx%d on %s",
+        len(out),
+        problem.m,
+        problem.n,
+        problem.k,
+        problem.l,
+        (arch or problem.arch).value,
+    )
+    return out

@@ -1,0 +1,177 @@
+"""Predicting each candidate's time, so that the tuner compiles and times only the best few.
+
+The model is analytic in its structure and fitted in its constants:
+- A *family* is a tile shape, cluster shape, schedule and epilogue. One CTA of family f spends
+  `a_f` µs per k-tile of its tile and `c_f` µs per item (prologue, epilogue, pipeline fill).
+- A data-parallel launch runs `ceil(units / resident clusters)` waves of whole units
+  (wave quantization); stream-K and split-K last as long as their busiest cluster, whose items
+  come from the schedule model (`kernels/schedule_model.py`), plus the cost of the partial
+  tiles it writes or gathers.
+- Nothing beats the memory system: the unique bytes of A, B and the output (and of partial
+  tiles) over the GPU's bandwidth is a floor.
+`a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
+(`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
+`benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
+MMA work at an efficiency that grows with the tile. Raster order and swizzle are not modelled:
+they are swept by timing, on binaries already compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+from gemmtune.config import Decomposition, GemmConfig, Raster, Schedule
+from gemmtune.device import Arch
+from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
+from gemmtune.kernels.sm90.rules import TILE_K
+from gemmtune.problem import GemmProblem
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What the model needs to know about a GPU."""
+
+    sm_count: int = 132
+    hbm_bytes_per_us: float = 4.3e6  # 4.3 TB/s (H200 measured); an H100 moves about 3.0
+    mma_flops_per_us_per_sm: float = 6.0e6  # ~790 TFLOP/s dense bf16 over 132 SMs
+    resident_by_cluster_size: tuple[tuple[int, int], ...] = ((1, 132), (2, 66), (4, 30), (8, 15))
+
+    def resident_clusters(self, cluster_size: int) -> int:
+        table = dict(self.resident_by_cluster_size)
+        if cluster_size in table:
+            return table[cluster_size]
+        return max(1, self.sm_count // cluster_size)
+
+    @classmethod
+    def for_gpu(cls, name: str, sm_count: int, resident: dict[int, int]) -> DeviceModel:
+        bandwidth = 3.0e6 if "H100" in name else 4.3e6
+        return cls(
+            sm_count=sm_count,
+            hbm_bytes_per_us=bandwidth,
+            mma_flops_per_us_per_sm=790e6 / 132,
+            resident_by_cluster_size=tuple(sorted(resident.items())),
+        )
+
+
+def family(config: GemmConfig) -> str:
+    """The key of the config's family: everything but the decomposition and runtime fields."""
+    cta = "_2cta" if config.two_cta else ""
+    epi = "tma" if config.tma_store else "st"
+    return (
+        f"{config.arch}_{config.tile_m}x{config.tile_n}_c{config.cluster_m}x{config.cluster_n}"
+        f"{cta}_{config.schedule.value}_{epi}"
+    )
+
+
+@functools.cache
+def load_calibration(arch: str) -> dict:
+    """The fitted constants shipped for `arch` ({} when there are none)."""
+    try:
+        text = resources.files("gemmtune.space").joinpath(f"calibration_{arch}.json").read_text()
+    except FileNotFoundError:
+        return {}
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class RankingModel:
+    """Predicts a config's time (µs) for a problem on a device."""
+
+    device: DeviceModel = DeviceModel()
+    calibration: dict | None = None
+
+    def constants(self, config: GemmConfig) -> tuple[float, float, float, float]:
+        """(a: µs per k-tile, c: µs per item, publish: µs per partial written, gather: µs per
+        partial read) for the config's family."""
+        calibration = (
+            self.calibration if self.calibration is not None else load_calibration(config.arch)
+        )
+        fitted = calibration.get("families", {}).get(family(config))
+        tile_bytes = config.tile_m * config.tile_n * 4
+        publish = calibration.get("publish_us_per_kb", 0.012) * tile_bytes / 1024
+        gather = calibration.get("gather_us_per_kb", 0.012) * tile_bytes / 1024
+        if fitted is not None:
+            return fitted[0], fitted[1], publish, gather
+        return (*self._analytic(config), publish, gather)
+
+    def _analytic(self, config: GemmConfig) -> tuple[float, float]:
+        """An unmeasured family: the MMA work of a k-tile at an efficiency that grows with the
+        tile (bigger tiles reuse operands more), and an epilogue that writes the tile."""
+        rows = config.tile_m // (2 if config.two_cta else 1)
+        flops = 2 * rows * config.tile_n * TILE_K
+        efficiency = 0.92 * (1 - 16 / config.tile_n) * min(1.0, rows / 128) ** 0.25
+        a = flops / (self.device.mma_flops_per_us_per_sm * max(efficiency, 0.2))
+        c = 1.0 + rows * config.tile_n * 2 / 20e3
+        if config.schedule is Schedule.PINGPONG:
+            c *= 0.3  # the other warpgroup's mainloop hides most of it
+        return a, c
+
+    def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
+        a, c, publish, gather = self.constants(config)
+        ctas = config.cluster_m * config.cluster_n
+        resident = self.device.resident_clusters(ctas)
+        grid = TileGrid(
+            problem.m,
+            problem.n,
+            problem.l,
+            config.tile_m,
+            config.tile_n,
+            config.cluster_m,
+            config.cluster_n,
+        )
+        k_tiles = ceil_div(problem.k, TILE_K)
+        units = grid.work_units
+        if config.decomposition is Decomposition.DATA_PARALLEL:
+            compute = ceil_div(units, resident) * (a * k_tiles + c)
+            partial_bytes = 0
+        elif config.decomposition is Decomposition.SPLIT_K:
+            splits = max(1, min(config.splits, k_tiles))
+            waves = ceil_div(units * splits, min(units * splits, resident))
+            # the busiest cluster: its items, each a split's k-tiles, one of them gathering
+            shared = (publish + gather * (splits - 1) / max(waves, 1)) if splits > 1 else 0.0
+            compute = waves * (a * ceil_div(k_tiles, splits) + c + shared)
+            partial_bytes = 8 * units * splits * ctas * config.tile_m * config.tile_n
+        else:
+            schedule = make_schedule("stream_k", grid, k_tiles, resident)
+            dp_waves = schedule.dp_units // resident
+            iterations = ceil_div(schedule.sk_iterations, resident)
+            spans = ceil_div(iterations, k_tiles) + (iterations % k_tiles != 0)
+            per_unit = ceil_div(k_tiles, max(iterations, 1))
+            shared = publish + gather * per_unit if schedule.sk_units else 0.0
+            compute = (
+                dp_waves * (a * k_tiles + c)
+                + a * iterations
+                + (c + shared) * min(spans, 2 if schedule.sk_units else 0)
+            )
+            partial_bytes = 8 * schedule.partial_slots * ctas * config.tile_m * config.tile_n
+        out_bytes = problem.m * problem.n * problem.l * problem.out_dtype.itemsize
+        in_bytes = (problem.m + problem.n) * problem.k * problem.l * problem.a_dtype.itemsize
+        memory = (in_bytes + out_bytes + partial_bytes) / self.device.hbm_bytes_per_us
+        return max(compute, memory)
+
+    def rank(
+        self, problem: GemmProblem, configs: list[GemmConfig]
+    ) -> list[tuple[float, GemmConfig]]:
+        """(predicted µs, config) from fastest to slowest; ties keep the input order."""
+        scored = [(self.predict_us(problem, c), i, c) for i, c in enumerate(configs)]
+        scored.sort(key=lambda x: (x[0], x[1]))
+        return [(t, c) for t, _, c in scored]
+
+    def top_k(self, problem: GemmProblem, configs: list[GemmConfig], k: int) -> list[GemmConfig]:
+        """The k configs predicted fastest, among those at the default raster and swizzle (the
+        tuner sweeps those on what it compiles)."""
+        defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
+        return [c for _, c in self.rank(problem, defaults)[:k]]
+
+
+def default_device_model(arch: Arch) -> DeviceModel:
+    """The model of the GPU a problem runs on when nothing better is known (H200-like)."""
+    return DeviceModel()
+
+
+def predicted_tflops(problem: GemmProblem, micros: float) -> float:
+    return problem.flops / (micros * 1e-6) / 1e12 if micros > 0 and math.isfinite(micros) else 0.0
