@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,23 +75,50 @@ def _args(job: CompileJob) -> tuple[str, dict]:
     return job.config.to_json(), dataclasses.asdict(job.signature)
 
 
+def compile_iter(
+    jobs: list[CompileJob],
+    out_dir: Path,
+    *,
+    target: str = "sm_90a",
+    workers: int | None = None,
+    timeout_s: float = 300.0,
+) -> Iterator[CompileOutcome]:
+    """Compile `jobs` in parallel into `out_dir`, yielding each outcome as it completes (so
+    the caller can benchmark while the rest compile); failures are yielded, not raised. A
+    compile that outlives `timeout_s` is reported failed and its worker is stopped."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not jobs:
+        return
+    pool = _pool(jobs, target, workers)
+    futures = {pool.submit(_compile_one, *_args(job), str(out_dir)): job for job in jobs}
+    rounds = -(-len(jobs) // pool._max_workers)
+    hung = False
+    try:
+        for future in as_completed(futures, timeout=timeout_s * rounds):
+            job = futures[future]
+            try:
+                path, seconds = future.result()
+                yield CompileOutcome(job, Path(path), seconds)
+            except Exception as exc:  # a compile error, or the worker died
+                log.warning("compile of %s failed: %s", job.name, exc)
+                yield CompileOutcome(job, None, 0.0, f"{type(exc).__name__}: {exc}")
+    except TimeoutError:
+        hung = True
+        for future, job in futures.items():
+            if not future.done():
+                yield CompileOutcome(job, None, 0.0, f"compile took over {timeout_s:.0f} s")
+    finally:
+        pool.shutdown(wait=not hung, cancel_futures=True)
+        if hung:  # the executor cannot cancel a running call: stop its processes
+            for process in list(pool._processes.values()):
+                process.kill()
+
+
 def compile_all(
     jobs: list[CompileJob], out_dir: Path, *, target: str = "sm_90a", workers: int | None = None
 ) -> list[CompileOutcome]:
     """Compile `jobs` in parallel into `out_dir`; failures are reported, not raised."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = []
-    with _pool(jobs, target, workers) as pool:
-        futures = {pool.submit(_compile_one, *_args(job), str(out_dir)): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                path, seconds = future.result()
-                outcomes.append(CompileOutcome(job, Path(path), seconds))
-            except Exception as exc:  # a compile error, or the worker died
-                log.warning("compile of %s failed: %s", job.name, exc)
-                outcomes.append(CompileOutcome(job, None, 0.0, f"{type(exc).__name__}: {exc}"))
-    return outcomes
+    return list(compile_iter(jobs, out_dir, target=target, workers=workers))
 
 
 def inspect_all(

@@ -1,0 +1,62 @@
+"""The benchmark worker survives crashes, hangs and CUDA faults of the candidates it runs."""
+
+import math
+
+import pytest
+import torch
+from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
+
+from gemmtune.bench.runner import ProblemSpec, RunJob
+from gemmtune.bench.verify import check, relative_error, tolerance
+from gemmtune.bench.worker import BenchWorker, WorkerFailure
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+
+RUNNER = "fake_runner:FakeRunner"
+SPEC = ProblemSpec(256, 256, 256, 1, KernelSignature())
+
+
+def run(worker, tile_m, tile_n):
+    config = GemmConfig(
+        tile_m=tile_m, tile_n=tile_n, schedule="pingpong" if tile_m == 64 else "cooperative"
+    )
+    return config, worker.measure(RunJob(config.to_json(), "unused.o"), config.key)
+
+
+@pytest.mark.timeout(120)
+def test_worker_restarts_after_crash_hang_and_fault_and_goes_on():
+    with BenchWorker(RUNNER, run_timeout_s=5) as worker:
+        worker.setup(SPEC)
+        config, good = run(worker, 128, 128)
+        assert good.ms == pytest.approx(fake_ms(config)) and good.error is None
+        for tile, why in ((CRASH, "died"), (HANG, "hung"), (FAULT, "illegal memory access")):
+            _, failed = run(worker, *tile)
+            assert failed.ms is None and why in failed.error
+            # the next candidate runs in a fresh process
+            config, after = run(worker, 128, 256)
+            assert after.ms == pytest.approx(fake_ms(config))
+        assert worker.restarts == 3
+        _, wrong = run(worker, *WRONG)
+        assert wrong.ms is None and "wrong result" in wrong.error
+        assert worker.restarts == 3  # a wrong answer is not a reason to restart
+
+
+def test_worker_setup_failure_is_reported():
+    with (
+        BenchWorker("fake_runner:NoSuchRunner", setup_timeout_s=60) as worker,
+        pytest.raises(WorkerFailure),
+    ):
+        worker.setup(SPEC)
+
+
+def test_tolerance_depends_on_the_output_dtype():
+    ref = torch.randn(64, 64)
+    assert tolerance(torch.float32) < tolerance(torch.float16) < tolerance(torch.bfloat16)
+    ok, err = check(ref.to(torch.bfloat16), ref)
+    assert ok and 0 < err < tolerance(torch.bfloat16)
+    # a transposed tile is far outside
+    assert not check(ref.t().contiguous().to(torch.bfloat16), ref)[0]
+    poisoned = ref.clone()
+    poisoned[3, 5] = math.nan
+    assert relative_error(poisoned, ref) == math.inf
+    assert not check(poisoned, ref)[0]

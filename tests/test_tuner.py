@@ -1,0 +1,124 @@
+"""The tuner's selection logic on the CPU: a fake compiler, the fake benchmark runner."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmtune.compile_pool import CompileOutcome
+from gemmtune.config import Decomposition
+from gemmtune.device import Arch
+from gemmtune.problem import GemmProblem, Operand
+from gemmtune.tuner import tune
+
+sys.path.insert(0, str(Path(__file__).parent / "bench"))
+from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
+
+from gemmtune.space.ranking import RankingModel
+
+RUNNER = "fake_runner:FakeRunner"
+RELIABLE = "fake_runner:ReliableRunner"
+COMPILE_FAILS = (64, 192)
+
+
+class TroubleFirst(RankingModel):
+    """Ranks the tiles that fail (in every way) first, then the real model's order."""
+
+    def predict_us(self, problem, config):
+        order = [CRASH, HANG, FAULT, WRONG, COMPILE_FAILS]
+        tile = (config.tile_m, config.tile_n)
+        if tile in order and config.decomposition is Decomposition.DATA_PARALLEL:
+            return -100.0 + order.index(tile)
+        return super().predict_us(problem, config)
+
+
+def problem(m, n, k):
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+
+def fake_compiler(fail=()):
+    compiled = []
+
+    def compile_fn(jobs, out_dir):
+        for job in jobs:
+            compiled.append(job.config.compile_key)
+            if (job.config.tile_m, job.config.tile_n) in fail:
+                yield CompileOutcome(job, None, 0.0, "ptxas: out of registers")
+            else:
+                yield CompileOutcome(job, out_dir / f"{job.name}.o", 0.5)
+
+    return compile_fn, compiled
+
+
+@pytest.mark.timeout(120)
+def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
+    compile_fn, compiled = fake_compiler()
+    p = problem(4096, 4096, 4096)
+    result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
+    first = result.results[:8]
+    assert len(first) == 8 and len(set(compiled)) == len(compiled) <= 8
+    assert all(r.predicted_us is not None for r in first)
+    # two best binaries swept over 2 rasters x 4 swizzles (minus the default already timed)
+    assert len(result.results) == 8 + 2 * 7
+    assert result.candidates > 10000 and result.compiled == len(compiled)
+    best = min(result.results, key=lambda r: r.ms)
+    assert result.best == best.config and result.best_ms == pytest.approx(fake_ms(best.config))
+    assert result.best_tflops == pytest.approx(p.flops / (result.best_ms * 1e-3) / 1e12)
+    assert result.reference_error == pytest.approx(1e-3)
+    assert result.wall_s >= result.bench_s > 0
+
+
+@pytest.mark.timeout(120)
+def test_failures_are_recorded_and_never_chosen():
+    compile_fn, _ = fake_compiler(fail={COMPILE_FAILS})
+    result = tune(
+        problem(4096, 4096, 4096),
+        top_k=8 * 5 + 4,
+        sweep=1,
+        compiler=compile_fn,
+        runner=RUNNER,
+        model=TroubleFirst(),
+        run_timeout_s=5,
+        progress=False,
+    )
+    errors = {}
+    for r in result.failures:
+        assert r.ms is None and r.error
+        errors.setdefault((r.config.tile_m, r.config.tile_n), r.error)
+    assert "died" in errors[CRASH] and "hung" in errors[HANG]
+    assert "illegal memory access" in errors[FAULT] and "wrong result" in errors[WRONG]
+    assert "compile: ptxas" in errors[COMPILE_FAILS]
+    assert len(result.failures) == 5 * 8  # every cluster shape and epilogue of each tile
+    assert result.best is not None and result.best not in [r.config for r in result.failures]
+    assert result.best_ms == min(r.ms for r in result.results if r.ok)
+
+
+@pytest.mark.timeout(120)
+def test_exhaustive_times_every_binary_and_split_count():
+    compile_fn, compiled = fake_compiler()
+    result = tune(
+        problem(512, 512, 32768),
+        exhaustive=True,
+        sweep=0,
+        compiler=compile_fn,
+        runner=RELIABLE,
+        progress=False,
+    )
+    split_k = [r for r in result.results if r.config.decomposition is Decomposition.SPLIT_K]
+    assert {r.config.splits for r in split_k} == {2, 3, 4, 6, 8, 12, 16}
+    assert len(compiled) == 576
+    assert len(result.results) == 576 - 192 + 192 * 7
+
+
+def test_unsupported_problems_are_refused():
+    p = GemmProblem.from_operands(
+        Operand((64, 64), (64, 1), torch.float32, torch.device("cuda", 0), 1 << 20),
+        Operand((64, 64), (64, 1), torch.float32, torch.device("cuda", 0), 1 << 20),
+        arch=Arch.SM90,
+    )
+    with pytest.raises(ValueError, match="no gemmtune kernel serves"):
+        tune(p, runner=RUNNER, progress=False)
