@@ -1,0 +1,91 @@
+"""How fast tuning is, and how good its choice is (issue 5).
+
+For every shape of the suite (bf16, A and B row-major): a cold tune with the default top-8
+(a fresh kernel folder: everything is compiled), reporting its wall time, the compile time
+summed over the pool's workers and the benchmark time; then the exhaustive tune (every binary,
+every split count, compiled once into a folder shared by all shapes), whose best time is the
+reference for `top_k_vs_exhaustive`. Both use the tuner's own timing (50 runs, 25 ms warm-up,
+L2 flushed before each run) on the same inputs.
+
+    python benchmarks/bench_tuning.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, load_shapes, write_results
+
+from gemmtune.problem import GemmProblem
+from gemmtune.tuner import tune
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--shapes", default="")
+    parser.add_argument("--no-exhaustive", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    shared = Path(tempfile.mkdtemp(prefix="gemmtune-exhaustive-"))
+    rows = []
+    for shape in load_shapes():
+        if args.shapes and shape["name"] not in args.shapes.split(","):
+            continue
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(k, n, device="cuda", dtype=torch.bfloat16)
+        problem = GemmProblem.from_tensors(a, b)
+        with tempfile.TemporaryDirectory(prefix="gemmtune-cold-") as cold:
+            top = tune(problem, top_k=args.top_k, kernel_dir=Path(cold), progress=False)
+        row = {
+            "shape": shape["name"],
+            "m": m,
+            "n": n,
+            "k": k,
+            "dtype": "bf16",
+            "top_k": args.top_k,
+            "candidates": top.candidates,
+            "timed": len(top.results),
+            "compiled": top.compiled,
+            "tune_wall_s": round(top.wall_s, 2),
+            "compile_s": round(top.compile_s, 2),
+            "bench_s": round(top.bench_s, 2),
+            "best_ms": round(top.best_ms, 5),
+            "config": top.best.key,
+            "failures": len(top.failures),
+        }
+        if not args.no_exhaustive:
+            start = time.perf_counter()
+            full = tune(problem, exhaustive=True, kernel_dir=shared, progress=False, runs=20)
+            row.update(
+                exhaustive_wall_s=round(time.perf_counter() - start, 1),
+                exhaustive_timed=len(full.results),
+                exhaustive_best_ms=round(full.best_ms, 5),
+                exhaustive_config=full.best.key,
+                top_k_vs_exhaustive=round(full.best_ms / top.best_ms, 4),
+            )
+        rows.append(row)
+        print(
+            f"{shape['name']:>20}: tune {row['tune_wall_s']:5.1f} s (compile {row['compile_s']:.1f}"
+            f" s summed, bench {row['bench_s']:.1f} s), top-{args.top_k} "
+            f"{row.get('top_k_vs_exhaustive', float('nan')):.3f} of exhaustive",
+            flush=True,
+        )
+        path = write_results(
+            "tuning", __doc__.split("\n\n")[1].replace("\n", " "), rows, args.out_dir
+        )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
