@@ -116,24 +116,29 @@ def tune(
     compiler: Compiler | None = None,
     runner: str = DEFAULT_RUNNER,
     model: RankingModel | None = None,
+    configs: list[GemmConfig] | None = None,
     run_timeout_s: float = 60.0,
     progress: bool = True,
 ) -> TuneResult:
     """Find the fastest correct config for a problem (or for `a @ b`).
 
     The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
-    binary, at every split count), then the `sweep` best binaries are timed at every raster
-    order and swizzle. Kernels are written to `kernel_dir` (a temporary folder by default).
-    `compiler`, `runner` and `model` are for tests and experiments.
+    binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
+    are timed at every raster order and swizzle. Kernels are written to `kernel_dir` (a
+    temporary folder by default). `compiler`, `runner` and `model` are for tests and
+    experiments.
     """
     start = time.perf_counter()
     problem = _problem_of(problem_or_a, b)
     if not problem.supported:
         raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
-    configs = candidates(problem)
+    space = candidates(problem)
     model = model or RankingModel(device_model_for(problem))
-    defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
-    chosen = defaults if exhaustive else model.top_k(problem, defaults, top_k)
+    defaults = [c for c in space if c.raster is Raster.ALONG_M and c.swizzle == 1]
+    if configs is not None:
+        chosen = list(configs)
+    else:
+        chosen = defaults if exhaustive else model.top_k(problem, defaults, top_k)
     predicted = {c.key: model.predict_us(problem, c) for c in chosen}
     signature = KernelSignature.of(problem)
     by_binary: dict[str, list[GemmConfig]] = {}
@@ -147,7 +152,7 @@ def tune(
         problem.k,
         problem.l,
         signature.key,
-        len(configs),
+        len(space),
         len(chosen),
         len(jobs),
     )
@@ -240,7 +245,7 @@ def tune(
         best_ms=best.ms if best else None,
         reference_error=best.rel_err if best else None,
         results=results,
-        candidates=len(configs),
+        candidates=len(space),
         compiled=compiled,
         compile_s=compile_s,
         bench_s=bench_s,
