@@ -5,15 +5,19 @@
     compile pool (processes)            their binaries, in parallel ...
     benchmark worker (process)          ... while each finished one is verified, then timed
     runtime sweep                       raster x swizzle on the best binaries: launches only
+    final                               the best few again, side by side, run by run in turn
     -> TuneResult                       the best config, and what happened to every candidate
 
 Compiling and timing overlap: the worker times each binary as soon as it is compiled. A
 candidate that fails to compile, computes a wrong result, faults or hangs is recorded as
-failed and never chosen; the caller's process is never at risk (`bench/worker.py`).
+failed and never chosen; the caller's process is never at risk (`bench/worker.py`). Timed one
+after another, candidates meet different clocks as the GPU warms (5% apart on a long, large
+GEMM), so the finalists are decided side by side.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -25,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from gemmtune.bench.runner import Measurement, ProblemSpec, RunJob
+from gemmtune.bench.runner import CompareJob, Measurement, ProblemSpec, RunJob
 from gemmtune.bench.worker import DEFAULT_RUNNER, BenchWorker
 from gemmtune.compile_pool import CompileJob, CompileOutcome, compile_iter
 from gemmtune.config import SWIZZLES, GemmConfig, Raster
@@ -48,6 +52,7 @@ class CandidateResult:
     ms: float | None
     rel_err: float | None = None
     error: str | None = None
+    final_ms: float | None = None  # its time side by side with the other finalists
 
     @property
     def ok(self) -> bool:
@@ -109,6 +114,7 @@ def tune(
     top_k: int = 8,
     exhaustive: bool = False,
     sweep: int = 2,
+    finalists: int = 3,
     warmup_ms: float = 25.0,
     runs: int = 50,
     kernel_dir: Path | None = None,
@@ -124,9 +130,9 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
-    are timed at every raster order and swizzle. Kernels are written to `kernel_dir` (a
-    temporary folder by default). `compiler`, `runner` and `model` are for tests and
-    experiments.
+    are timed at every raster order and swizzle, and the `finalists` best side by side. Kernels
+    are written to `kernel_dir` (a temporary folder by default). `compiler`, `runner` and
+    `model` are for tests and experiments.
     """
     start = time.perf_counter()
     problem = _problem_of(problem_or_a, b)
@@ -228,6 +234,19 @@ def tune(
             bench_s += time.perf_counter() - t0
             results.append(_result(config, None, m))
             bar.update(1)
+        leaders = sorted((r for r in results if r.ok), key=lambda r: r.ms)[:finalists]
+        if len(leaders) > 1:
+            t0 = time.perf_counter()
+            job = CompareJob(
+                tuple(r.config.to_json() for r in leaders),
+                tuple(str(paths[r.config.compile_key]) for r in leaders),
+                warmup_ms,
+                2 * runs,
+            )
+            final = worker.compare(job, [r.config.key for r in leaders])
+            bench_s += time.perf_counter() - t0
+            for r, m in zip(leaders, final, strict=True):
+                results[results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
     finally:
         bar.close()
         setup.join()
@@ -236,13 +255,14 @@ def tune(
             temporary.cleanup()
             paths = {}
     ok = [r for r in results if r.ok]
-    best = min(ok, key=lambda r: r.ms) if ok else None
+    decided = [r for r in ok if r.final_ms is not None]
+    best = min(decided or ok, key=lambda r: r.final_ms if decided else r.ms) if ok else None
     if best is None:
         log.warning("no candidate of %d ran correctly", len(results))
     return TuneResult(
         problem=problem,
         best=best.config if best else None,
-        best_ms=best.ms if best else None,
+        best_ms=(best.final_ms or best.ms) if best else None,
         reference_error=best.rel_err if best else None,
         results=results,
         candidates=len(space),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmtune.bench.timing import L2Flusher, time_cuda
+from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
 from gemmtune.bench.verify import check
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
@@ -34,12 +34,25 @@ class ProblemSpec:
 
 @dataclass(frozen=True)
 class RunJob:
-    """Time `config`, whose binary is the object file at `kernel_path`."""
+    """Verify, then time `config`, whose binary is the object file at `kernel_path`."""
 
     config_json: str
     kernel_path: str
     warmup_ms: float = 25.0
     runs: int = 50
+    kind: str = "measure"
+
+
+@dataclass(frozen=True)
+class CompareJob:
+    """Time several verified configs side by side, run by run in turn, so that all meet the
+    same clocks and temperature: the fair way to decide between close finalists."""
+
+    configs_json: tuple[str, ...]
+    kernel_paths: tuple[str, ...]
+    warmup_ms: float = 25.0
+    runs: int = 100
+    kind: str = "compare"
 
 
 @dataclass(frozen=True)
@@ -90,12 +103,11 @@ class GemmRunner:
             self.kernels[path] = load_gemm(path, config, self.spec.signature)
         return self.kernels[path]
 
-    def measure(self, job: RunJob) -> Measurement:
+    def _launcher(self, config: GemmConfig, kernel_path: str):
         from gemmtune.kernels.build import runtime_args
         from gemmtune.kernels.launch import WORKSPACES, workspace_need
 
-        config = GemmConfig.from_json(job.config_json)
-        kernel = self._kernel(job.kernel_path, config)
+        kernel = self._kernel(kernel_path, config)
         args = runtime_args(config, self.spec.device_index)
         s = self.spec
         need = workspace_need(config, s.m, s.n, s.k, s.l, args[-1])
@@ -104,6 +116,19 @@ class GemmRunner:
         def run() -> None:
             kernel(self.a, self.b, self.out, partials, counters, *args)
 
+        return run
+
+    def compare(self, job: CompareJob) -> list[Measurement]:
+        configs = [GemmConfig.from_json(c) for c in job.configs_json]
+        runs = [self._launcher(c, p) for c, p in zip(configs, job.kernel_paths, strict=True)]
+        timings = time_side_by_side(runs, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush)
+        return [
+            Measurement(c.key, t.median_ms, t.spread) for c, t in zip(configs, timings, strict=True)
+        ]
+
+    def measure(self, job: RunJob) -> Measurement:
+        config = GemmConfig.from_json(job.config_json)
+        run = self._launcher(config, job.kernel_path)
         self.out.fill_(math.nan)
         run()
         torch.cuda.synchronize()

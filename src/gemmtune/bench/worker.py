@@ -18,7 +18,7 @@ import multiprocessing
 import os
 from typing import Any
 
-from gemmtune.bench.runner import Measurement, RunJob
+from gemmtune.bench.runner import CompareJob, Measurement, RunJob
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _serve(conn, runner_path: str, env: dict[str, str]) -> None:
                 runner = runner_class(payload)
                 conn.send(("ok", None))
             else:
-                conn.send(("ok", runner.measure(payload)))
+                conn.send(("ok", getattr(runner, payload.kind)(payload)))
         except Exception as exc:  # the candidate's failure, reported to the parent
             poisoned = runner_class.poisoned(exc)
             conn.send(("poisoned" if poisoned else "error", f"{type(exc).__name__}: {exc}"))
@@ -127,17 +127,26 @@ class BenchWorker:
 
     def measure(self, job: RunJob, config_key: str) -> Measurement:
         """Run one job; a failure of any kind comes back as a Measurement with an error."""
+        status, answer = self._run(job, config_key)
+        return answer if status == "ok" else Measurement(config_key, None, error=str(answer))
+
+    def compare(self, job: CompareJob, config_keys: list[str]) -> list[Measurement]:
+        """Time configs side by side; on a failure every one comes back with the error."""
+        status, answer = self._run(job, ", ".join(config_keys))
+        if status == "ok":
+            return answer
+        return [Measurement(key, None, error=str(answer)) for key in config_keys]
+
+    def _run(self, job: RunJob | CompareJob, what: str) -> tuple[str, Any]:
         if self.process is None:
             self.setup(self.spec)
         status, answer = self._ask("run", job, self.run_timeout_s)
-        if status == "ok":
-            return answer
         if status in ("dead", "poisoned"):
-            log.warning("benchmark worker lost on %s (%s); restarting it", config_key, answer)
+            log.warning("benchmark worker lost on %s (%s); restarting it", what, answer)
             self._kill()
             self.restarts += 1
             self.setup(self.spec)
-        return Measurement(config_key, None, error=str(answer))
+        return status, answer
 
     def close(self) -> None:
         if self.conn is not None and self.process is not None and self.process.is_alive():
