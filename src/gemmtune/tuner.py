@@ -114,9 +114,10 @@ def tune(
     top_k: int = 8,
     exhaustive: bool = False,
     sweep: int = 2,
-    finalists: int = 3,
+    finalists: int = 5,
     warmup_ms: float = 25.0,
-    runs: int = 50,
+    runs: int = 20,
+    final_runs: int = 100,
     kernel_dir: Path | None = None,
     compile_workers: int | None = None,
     compiler: Compiler | None = None,
@@ -130,9 +131,11 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
-    are timed at every raster order and swizzle, and the `finalists` best side by side. Kernels
-    are written to `kernel_dir` (a temporary folder by default). `compiler`, `runner` and
-    `model` are for tests and experiments.
+    are timed at every raster order and swizzle (each candidate: `warmup_ms`, then the median
+    of `runs` runs, kept short so that the GPU's clocks move little from one to the next), and
+    the `finalists` best side by side (`final_runs` rounds). Kernels are written to
+    `kernel_dir` (a temporary folder by default). `compiler`, `runner` and `model` are for
+    tests and experiments.
     """
     start = time.perf_counter()
     problem = _problem_of(problem_or_a, b)
@@ -241,7 +244,7 @@ def tune(
                 tuple(r.config.to_json() for r in leaders),
                 tuple(str(paths[r.config.compile_key]) for r in leaders),
                 warmup_ms,
-                2 * runs,
+                final_runs,
             )
             final = worker.compare(job, [r.config.key for r in leaders])
             bench_s += time.perf_counter() - t0
