@@ -87,3 +87,16 @@ def test_a_faulting_and_a_wrong_candidate_are_survived_and_rejected(tmp_path):
     check_choice(
         result, a, b, torch.empty(2048, 2048, device="cuda", dtype=torch.bfloat16), tmp_path
     )
+
+
+def test_graph_replay_timing(tmp_path):
+    from gemmtune.bench.timing import time_cuda
+    from gemmtune.tuner import tune
+
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    plain = time_cuda(lambda: torch.mm(a, b), runs=20)
+    replay = time_cuda(lambda: torch.mm(a, b), runs=20, graph=True)
+    assert 0 < replay.median_ms < 2 * plain.median_ms
+    result = tune(a, b, top_k=2, sweep=0, graph=True, kernel_dir=tmp_path, progress=False)
+    assert result.best is not None and not result.failures

@@ -118,6 +118,7 @@ def tune(
     warmup_ms: float = 25.0,
     runs: int = 20,
     final_runs: int = 100,
+    graph: bool = False,
     kernel_dir: Path | None = None,
     compile_workers: int | None = None,
     compiler: Compiler | None = None,
@@ -133,7 +134,8 @@ def tune(
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
     are timed at every raster order and swizzle (each candidate: `warmup_ms`, then the median
     of `runs` runs, kept short so that the GPU's clocks move little from one to the next), and
-    the `finalists` best side by side (`final_runs` rounds). Kernels are written to
+    the `finalists` best side by side (`final_runs` rounds); `graph` times CUDA-graph replays
+    (what a caller that captures its model in a graph sees). Kernels are written to
     `kernel_dir` (a temporary folder by default). `compiler`, `runner` and `model` are for
     tests and experiments.
     """
@@ -214,7 +216,8 @@ def tune(
             for config in group:
                 t0 = time.perf_counter()
                 m = worker.measure(
-                    RunJob(config.to_json(), str(outcome.path), warmup_ms, runs), config.key
+                    RunJob(config.to_json(), str(outcome.path), warmup_ms, runs, graph),
+                    config.key,
                 )
                 bench_s += time.perf_counter() - t0
                 results.append(_result(config, predicted[config.key], m))
@@ -231,7 +234,7 @@ def tune(
         for config in variants:
             t0 = time.perf_counter()
             m = worker.measure(
-                RunJob(config.to_json(), str(paths[config.compile_key]), warmup_ms, runs),
+                RunJob(config.to_json(), str(paths[config.compile_key]), warmup_ms, runs, graph),
                 config.key,
             )
             bench_s += time.perf_counter() - t0
@@ -245,6 +248,7 @@ def tune(
                 tuple(str(paths[r.config.compile_key]) for r in leaders),
                 warmup_ms,
                 final_runs,
+                graph,
             )
             final = worker.compare(job, [r.config.key for r in leaders])
             bench_s += time.perf_counter() - t0

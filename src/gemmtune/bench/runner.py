@@ -40,6 +40,7 @@ class RunJob:
     kernel_path: str
     warmup_ms: float = 25.0
     runs: int = 50
+    graph: bool = False  # time replays of a CUDA graph
     kind: str = "measure"
 
 
@@ -52,6 +53,7 @@ class CompareJob:
     kernel_paths: tuple[str, ...]
     warmup_ms: float = 25.0
     runs: int = 100
+    graph: bool = False
     kind: str = "compare"
 
 
@@ -121,7 +123,9 @@ class GemmRunner:
     def compare(self, job: CompareJob) -> list[Measurement]:
         configs = [GemmConfig.from_json(c) for c in job.configs_json]
         runs = [self._launcher(c, p) for c, p in zip(configs, job.kernel_paths, strict=True)]
-        timings = time_side_by_side(runs, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush)
+        timings = time_side_by_side(
+            runs, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush, graph=job.graph
+        )
         return [
             Measurement(c.key, t.median_ms, t.spread) for c, t in zip(configs, timings, strict=True)
         ]
@@ -137,7 +141,9 @@ class GemmRunner:
             return Measurement(
                 config.key, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
             )
-        timing = time_cuda(run, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush)
+        timing = time_cuda(
+            run, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush, graph=job.graph
+        )
         return Measurement(config.key, timing.median_ms, timing.spread, err)
 
     @staticmethod

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 
 from gemmtune.config import Decomposition, GemmConfig, Raster, Schedule
-from gemmtune.device import Arch
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
 from gemmtune.kernels.sm90.rules import TILE_K
 from gemmtune.problem import GemmProblem
@@ -166,12 +164,3 @@ class RankingModel:
         tuner sweeps those on what it compiles)."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         return [c for _, c in self.rank(problem, defaults)[:k]]
-
-
-def default_device_model(arch: Arch) -> DeviceModel:
-    """The model of the GPU a problem runs on when nothing better is known (H200-like)."""
-    return DeviceModel()
-
-
-def predicted_tflops(problem: GemmProblem, micros: float) -> float:
-    return problem.flops / (micros * 1e-6) / 1e12 if micros > 0 and math.isfinite(micros) else 0.0
