@@ -119,7 +119,7 @@ def tune(
     runs: int = 20,
     final_runs: int = 100,
     graph: bool = False,
-    kernel_dir: Path | None = None,
+    kernel_dir: Path | str | None = None,
     compile_workers: int | None = None,
     compiler: Compiler | None = None,
     runner: str = DEFAULT_RUNNER,
@@ -169,7 +169,7 @@ def tune(
     )
 
     temporary = tempfile.TemporaryDirectory(prefix="gemmtune-") if kernel_dir is None else None
-    out_dir = Path(temporary.name) if temporary else kernel_dir
+    out_dir = Path(temporary.name if temporary else kernel_dir)
     worker = BenchWorker(runner, run_timeout_s=run_timeout_s)
     spec = ProblemSpec(
         problem.m, problem.n, problem.k, problem.l, signature, problem.device.index or 0
