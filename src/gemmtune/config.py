@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import json
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,3 +235,14 @@ class GemmConfig:
             raster=self.raster if raster is None else raster,
             swizzle=self.swizzle if swizzle is None else swizzle,
         )
+
+
+def expand_families(
+    families: Sequence[dict[str, Any]], decompositions: Iterable[Decomposition]
+) -> Iterator[GemmConfig]:
+    """Every config of every family (a dict of compile-time fields) under each decomposition,
+    runtime fields at their defaults (split-K at 2 splits)."""
+    for decomposition in decompositions:
+        splits = 2 if decomposition is Decomposition.SPLIT_K else 1
+        for fields in families:
+            yield GemmConfig(**fields, decomposition=decomposition, splits=splits)

@@ -6,7 +6,7 @@ so `implements` states the hardware's and the planned kernel's limits.
 
 from __future__ import annotations
 
-from gemmtune.config import Decomposition, GemmConfig
+from gemmtune.config import Decomposition, GemmConfig, expand_families
 from gemmtune.kernels.sm90.rules import MIN_AB_STAGES, SMEM_CAPACITY, SMEM_RESERVED, TILE_K
 from gemmtune.problem import DTYPE_NAMES, GemmProblem
 
@@ -56,30 +56,24 @@ def implemented_configs(
     decompositions: tuple[Decomposition, ...] = (Decomposition.DATA_PARALLEL,),
 ) -> list[GemmConfig]:
     """Every config of the planned Blackwell kernel, runtime fields at their defaults."""
-    configs = []
-    for decomposition in decompositions:
-        splits = 2 if decomposition is Decomposition.SPLIT_K else 1
-        for two_cta in (False, True):
-            for tile_m in TILE_M_TWO_CTA if two_cta else TILE_M_ONE_CTA:
-                for tile_n in TILE_N_CHOICES:
-                    for cluster_m, cluster_n in CLUSTER_SHAPES:
-                        if two_cta and cluster_m % 2:
-                            continue
-                        for tma_store in (True, False):
-                            config = GemmConfig(
-                                arch="sm_100",
-                                tile_m=tile_m,
-                                tile_n=tile_n,
-                                cluster_m=cluster_m,
-                                cluster_n=cluster_n,
-                                two_cta=two_cta,
-                                tma_store=tma_store,
-                                decomposition=decomposition,
-                                splits=splits,
-                            )
-                            if implements(config) is None:
-                                configs.append(config)
-    return configs
+    families = [
+        {
+            "arch": "sm_100",
+            "tile_m": tile_m,
+            "tile_n": tile_n,
+            "cluster_m": cluster_m,
+            "cluster_n": cluster_n,
+            "two_cta": two_cta,
+            "tma_store": tma_store,
+        }
+        for two_cta in (False, True)
+        for tile_m in (TILE_M_TWO_CTA if two_cta else TILE_M_ONE_CTA)
+        for tile_n in TILE_N_CHOICES
+        for cluster_m, cluster_n in CLUSTER_SHAPES
+        if not (two_cta and cluster_m % 2)
+        for tma_store in (True, False)
+    ]
+    return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:

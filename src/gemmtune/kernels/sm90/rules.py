@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gemmtune.config import Decomposition, GemmConfig, Schedule
+from gemmtune.config import Decomposition, GemmConfig, Schedule, expand_families
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.problem import DTYPE_NAMES, GemmProblem
 
@@ -114,27 +114,22 @@ def implemented_configs(
 ) -> list[GemmConfig]:
     """Every config the kernel implements with `decompositions`, runtime fields at their
     defaults (a split-K config at 2 splits)."""
-    configs = []
-    for decomposition in decompositions:
-        splits = 2 if decomposition is Decomposition.SPLIT_K else 1
-        for schedule, tile_ms in TILE_M_BY_SCHEDULE.items():
-            for tile_m in tile_ms:
-                for tile_n in TILE_N_CHOICES:
-                    for cluster_m, cluster_n in CLUSTER_SHAPES:
-                        for tma_store in (True, False):
-                            config = GemmConfig(
-                                tile_m=tile_m,
-                                tile_n=tile_n,
-                                cluster_m=cluster_m,
-                                cluster_n=cluster_n,
-                                schedule=schedule,
-                                tma_store=tma_store,
-                                decomposition=decomposition,
-                                splits=splits,
-                            )
-                            if implements(config) is None:
-                                configs.append(config)
-    return configs
+    families = [
+        {
+            "tile_m": tile_m,
+            "tile_n": tile_n,
+            "cluster_m": cluster_m,
+            "cluster_n": cluster_n,
+            "schedule": schedule,
+            "tma_store": tma_store,
+        }
+        for schedule, tile_ms in TILE_M_BY_SCHEDULE.items()
+        for tile_m in tile_ms
+        for tile_n in TILE_N_CHOICES
+        for cluster_m, cluster_n in CLUSTER_SHAPES
+        for tma_store in (True, False)
+    ]
+    return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:

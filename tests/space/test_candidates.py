@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from gemmtune.config import Decomposition, GemmConfig, Raster
+from gemmtune.device import Arch
+from gemmtune.kernels.sm90 import rules as sm90
+from gemmtune.kernels.sm100 import rules as sm100
+from gemmtune.problem import GemmProblem, Operand
+from gemmtune.space import binaries, candidates, runtime_variants
+
+
+def problem(m, n, k, dtype=torch.bfloat16, arch=Arch.SM90, b_cols_major=False):
+    def operand(rows, cols, column_major=False):
+        stride = (1, rows) if column_major else (cols, 1)
+        return Operand((rows, cols), stride, dtype, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n, b_cols_major), arch=arch)
+
+
+def test_sm90_space_counts_and_validity():
+    p = problem(4096, 4096, 4096)
+    configs = candidates(p)
+    # 576 binaries: 192 data-parallel, 192 stream-K, 192 split-K (7 split counts), x 8 runtime
+    assert len(binaries(p)) == 576
+    assert len(configs) == (192 + 192 + 192 * 7) * 8
+    assert len({c.key for c in configs}) == len(configs)
+    assert all(sm90.serves(c, p) is None for c in configs)
+    assert {c.decomposition for c in configs} == set(Decomposition)
+    assert {(c.raster, c.swizzle) for c in configs} == {
+        (r, s) for r in Raster for s in (1, 2, 4, 8)
+    }
+
+
+def test_enumeration_is_deterministic():
+    p = problem(1000, 2000, 3000)
+    assert [c.key for c in candidates(p)] == [c.key for c in candidates(p)]
+
+
+def test_split_counts_never_exceed_k_tiles():
+    p = problem(512, 512, 192)  # three k-tiles
+    splits = {c.splits for c in candidates(p) if c.decomposition is Decomposition.SPLIT_K}
+    assert splits == {2, 3}
+
+
+def test_unserved_problems_have_no_candidates():
+    assert candidates(problem(64, 64, 64, dtype=torch.float32)) == []
+    # misaligned B (n = 20 bf16 per row is 40 bytes)
+    assert candidates(problem(64, 20, 64)) == []
+
+
+def test_sm100_space_is_enumerable_on_the_cpu():
+    configs = sm100.implemented_configs(tuple(Decomposition))
+    assert len(configs) == 2400
+    assert {c.tile_m for c in configs if not c.two_cta} == {64, 128}
+    assert {c.tile_m for c in configs if c.two_cta} == {128, 256}
+    assert {c.tile_n for c in configs} == set(range(32, 257, 32))
+    assert all(c.cluster_m % 2 == 0 for c in configs if c.two_cta)
+    assert max(c.cluster_m * c.cluster_n for c in configs) == 16
+    assert {c.tma_store for c in configs} == {True, False}
+    p = problem(4096, 4096, 4096, arch=Arch.SM100)
+    assert len(candidates(p)) == len(candidates(p, Arch.SM100)) > 0
+    assert all(c.arch == "sm_100" for c in candidates(p))
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        (GemmConfig(arch="sm_100", tile_m=64, tile_n=32), None),
+        (GemmConfig(arch="sm_100", tile_m=256, tile_n=256, cluster_m=2, two_cta=True), None),
+        (GemmConfig(arch="sm_100", tile_m=128, tile_n=48), "tile_n"),
+        (GemmConfig(tile_m=128, tile_n=128), "sm_100"),
+    ],
+)
+def test_sm100_rules(config, why):
+    result = sm100.implements(config)
+    assert (result is None) if why is None else (why in result)
+
+
+def test_runtime_variants_cost_no_compile():
+    binary = GemmConfig(decomposition="split_k", splits=2)
+    variants = runtime_variants(binary, k_tiles=100)
+    assert len(variants) == 7 * 2 * 4
+    assert {v.compile_key for v in variants} == {binary.compile_key}

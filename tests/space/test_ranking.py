@@ -1,0 +1,65 @@
+import torch
+
+from gemmtune.config import GemmConfig
+from gemmtune.device import Arch
+from gemmtune.problem import GemmProblem, Operand
+from gemmtune.space import candidates
+from gemmtune.space.ranking import DeviceModel, RankingModel, family, load_calibration
+
+
+def problem(m, n, k):
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+
+FLAT = {"families": {}, "publish_us_per_kb": 0.01, "gather_us_per_kb": 0.01}
+
+
+def test_calibration_ships_every_sm90_family():
+    from gemmtune.kernels.sm90 import rules
+
+    calibration = load_calibration("sm_90")
+    assert {family(c) for c in rules.implemented_configs()} <= set(calibration["families"])
+    assert all(a > 0 and c >= 0 for a, c in calibration["families"].values())
+
+
+def test_wave_quantization_in_the_prediction():
+    model = RankingModel(DeviceModel(), FLAT)
+    config = GemmConfig(tile_m=128, tile_n=128)
+    one_wave = model.predict_us(problem(128 * 12, 128 * 11, 4096), config)  # 132 tiles
+    two_waves = model.predict_us(problem(128 * 12, 128 * 11 + 1, 4096), config)  # 144 tiles
+    assert two_waves > 1.9 * one_wave
+
+
+def test_split_k_and_stream_k_win_where_data_parallel_leaves_sms_idle():
+    model = RankingModel(DeviceModel(), FLAT)
+    p = problem(512, 512, 32768)  # 16 tiles of 128x128 on 132 SMs, K long
+    dp = model.predict_us(p, GemmConfig())
+    sk = model.predict_us(p, GemmConfig(decomposition="split_k", splits=8))
+    streamk = model.predict_us(p, GemmConfig(decomposition="stream_k"))
+    assert sk < dp / 3 and streamk < dp / 3
+    # but not on a problem that fills the GPU in whole waves
+    full = problem(128 * 12, 128 * 11, 4096)
+    assert model.predict_us(full, GemmConfig()) < model.predict_us(
+        full, GemmConfig(decomposition="split_k", splits=2)
+    )
+
+
+def test_memory_bound_floor():
+    model = RankingModel(DeviceModel(hbm_bytes_per_us=1.0e3), FLAT)  # a very slow memory
+    p = problem(1024, 1024, 1024)
+    bytes_moved = (1024 * 1024 * 2) * 3
+    assert model.predict_us(p, GemmConfig()) == bytes_moved / 1.0e3
+
+
+def test_top_k_takes_default_runtime_configs_in_order():
+    p = problem(4096, 4096, 4096)
+    model = RankingModel()
+    top = model.top_k(p, candidates(p), 8)
+    assert len(top) == 8 and all(c.swizzle == 1 and c.raster.value == "along_m" for c in top)
+    predicted = [model.predict_us(p, c) for c in top]
+    assert predicted == sorted(predicted)
+    # the fitted model puts the measured winners of this shape first
+    assert any(c.tile_m * c.tile_n >= 128 * 192 for c in top[:3])
