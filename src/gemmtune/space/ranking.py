@@ -8,7 +8,9 @@ The model is analytic in its structure and fitted in its constants:
   come from the schedule model (`kernels/schedule_model.py`), plus the cost of the partial
   tiles it writes or gathers.
 - Nothing beats the memory system: the unique bytes of A, B and the output (and of partial
-  tiles) over the GPU's bandwidth is a floor.
+  tiles) over the GPU's bandwidth is a floor. The two overlap imperfectly, so the smaller of
+  compute and memory time adds a fitted fraction `overlap_penalty` of itself (this also keeps
+  configs that sit at the floor ranked by their compute).
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
@@ -82,12 +84,15 @@ class RankingModel:
     device: DeviceModel = DeviceModel()
     calibration: dict | None = None
 
+    def _calibration(self, config: GemmConfig) -> dict:
+        if self.calibration is not None:
+            return self.calibration
+        return load_calibration(config.arch)
+
     def constants(self, config: GemmConfig) -> tuple[float, float, float, float]:
         """(a: µs per k-tile, c: µs per item, publish: µs per partial written, gather: µs per
         partial read) for the config's family."""
-        calibration = (
-            self.calibration if self.calibration is not None else load_calibration(config.arch)
-        )
+        calibration = self._calibration(config)
         fitted = calibration.get("families", {}).get(family(config))
         tile_bytes = config.tile_m * config.tile_n * 4
         publish = calibration.get("publish_us_per_kb", 0.012) * tile_bytes / 1024
@@ -149,7 +154,8 @@ class RankingModel:
         out_bytes = problem.m * problem.n * problem.l * problem.out_dtype.itemsize
         in_bytes = (problem.m + problem.n) * problem.k * problem.l * problem.a_dtype.itemsize
         memory = (in_bytes + out_bytes + partial_bytes) / self.device.hbm_bytes_per_us
-        return max(compute, memory)
+        penalty = self._calibration(config).get("overlap_penalty", 0.0)
+        return max(compute, memory) + penalty * min(compute, memory)
 
     def rank(
         self, problem: GemmProblem, configs: list[GemmConfig]
