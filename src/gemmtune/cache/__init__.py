@@ -1,0 +1,1 @@
+"""The two caches: compiled kernels (level 1) and tuning results (level 2)."""

@@ -1,0 +1,78 @@
+"""Which problems share a tuning result: sizes rounded into buckets, plus everything else that
+changes the answer (dtypes, layouts, batching, GPU, versions)."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.problem import GemmProblem
+
+BUCKETS_ENV = "GEMMTUNE_BUCKETS"
+
+
+@dataclass(frozen=True)
+class BucketPolicy:
+    """How m, n and k are rounded: "exact", "pow2" (up to a power of two, the default), or
+    "boundaries" (up to the next of the user's boundaries, powers of two beyond the last)."""
+
+    kind: str = "pow2"
+    boundaries: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("exact", "pow2", "boundaries"):
+            raise ValueError(f"bucket policy {self.kind!r}: use exact, pow2 or boundaries")
+        if self.kind == "boundaries" and (
+            not self.boundaries or list(self.boundaries) != sorted(set(self.boundaries))
+        ):
+            raise ValueError("boundaries must be a non-empty increasing list of sizes")
+
+    @classmethod
+    def parse(cls, text: str) -> BucketPolicy:
+        """ "exact", "pow2", or a comma-separated list of boundaries ("128,512,4096")."""
+        text = text.strip()
+        if text in ("exact", "pow2"):
+            return cls(text)
+        try:
+            return cls("boundaries", tuple(int(x) for x in text.split(",")))
+        except ValueError:
+            raise ValueError(
+                f"bucket policy {text!r}: use exact, pow2 or sizes such as 128,512,4096"
+            ) from None
+
+    @classmethod
+    def from_env(cls) -> BucketPolicy:
+        return cls.parse(os.environ.get(BUCKETS_ENV, "pow2"))
+
+    def round(self, size: int) -> int:
+        if self.kind == "exact" or size <= 1:
+            return size
+        if self.kind == "boundaries":
+            i = bisect.bisect_left(self.boundaries, size)
+            if i < len(self.boundaries):
+                return self.boundaries[i]
+        return 1 << (size - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a tuning result depends on besides the problem: the GPU and the software."""
+
+    gpu: str
+    sm_count: int
+    gemmtune: str
+    dsl: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu}|{self.sm_count}sm|gemmtune {self.gemmtune}|dsl {self.dsl}"
+
+
+def bucket_key(problem: GemmProblem, env: Environment, policy: BucketPolicy) -> str:
+    """The results cache's key for `problem`: e.g.
+    `m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200|132sm|gemmtune 0.1.0|dsl 4.8.1`."""
+    rank = "3d" if problem.batched else "2d"
+    sizes = f"m{policy.round(problem.m)}_n{policy.round(problem.n)}_k{policy.round(problem.k)}"
+    return f"{sizes}_{rank}|{KernelSignature.of(problem).key}|{env.key}"
