@@ -1,9 +1,9 @@
 """Compile many kernels at once, in worker processes.
 
 Each worker is a spawned (not forked) Python process with `CUTE_DSL_ARCH` set before it
-imports `cutlass`; it compiles a kernel and exports it as an object file, which the caller
-loads in about a millisecond (`kernels.build.load_gemm`). A compile that crashes or hangs
-costs its worker, never the caller.
+imports `cutlass`; it compiles a kernel and exports it as an object file, under the name and
+with the atomic write of the kernel cache (`cache/kernels.py`), which the caller loads in about
+a millisecond. A compile that crashes or hangs costs its worker, never the caller.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemmtune.cache.kernels import kernel_file_name, write_atomically
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 
@@ -30,7 +31,7 @@ class CompileJob:
 
     @property
     def name(self) -> str:
-        return f"{self.config.compile_key}__{self.signature.key}"
+        return kernel_file_name(self.config, self.signature).removesuffix(".o")
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ def _compile_one(config_json: str, signature: dict, out_dir: str) -> tuple[str, 
 
     job = CompileJob(GemmConfig.from_json(config_json), KernelSignature(**signature))
     kernel = compile_gemm(job.config, job.signature)
-    path = Path(out_dir) / f"{job.name}.o"
-    export_gemm(kernel, path)
+    path = Path(out_dir) / kernel_file_name(job.config, job.signature)
+    write_atomically(path, lambda tmp: export_gemm(kernel, tmp))
     return str(path), kernel.compile_s
 
 

@@ -1,0 +1,121 @@
+"""Level 1: compiled kernels, from (config, signature) to something to launch.
+
+In memory, a dictionary: a kernel is compiled or loaded once per process. On disk, object files
+exported by the DSL (`kernels.build.export_gemm`), loaded in about a millisecond instead of a
+second's compile, under a folder named by a fingerprint of everything that changes a binary:
+gemmtune's version and kernel sources, the DSL's version and CUDA flavour, the target. The
+file name is the config's compile key and the signature's key, the name the tuner's compile
+pool writes, so tuning fills this cache. Writes go to a temporary file that is renamed into
+place under a file lock; a file that cannot be loaded is set aside with a warning and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata as metadata
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from filelock import FileLock
+
+import gemmtune
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.settings import cache_dir
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def fingerprint(target: str) -> str:
+    """A short hash of everything that changes a compiled kernel for `target` (e.g. sm_90a)."""
+    digest = hashlib.sha256()
+    versions = []
+    for dist in (
+        "nvidia-cutlass-dsl",
+        "nvidia-cutlass-dsl-libs-cu12",
+        "nvidia-cutlass-dsl-libs-cu13",
+    ):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions.append(f"{dist}={metadata.version(dist)}")
+    digest.update(f"gemmtune={gemmtune.__version__};{';'.join(versions)};{target}".encode())
+    sources = Path(gemmtune.__file__).parent / "kernels"
+    for path in sorted(sources.rglob("*.py")):
+        digest.update(path.relative_to(sources).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def kernel_file_name(config: GemmConfig, signature: KernelSignature) -> str:
+    return f"{config.compile_key}__{signature.key}.o"
+
+
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write` on a temporary file beside `path`, then rename it into place, holding the
+    path's lock, so that readers never see a partial file and writers never interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        fd, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=path.stem + ".", suffix=".tmp" + path.suffix
+        )
+        os.close(fd)
+        try:
+            write(Path(temporary))
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+
+
+class KernelCache:
+    """Compiled kernels of one target, in memory and in one folder of the cache directory."""
+
+    def __init__(self, target: str = "sm_90a", root: Path | None = None):
+        self.target = target
+        self.root = Path(root) if root else cache_dir() / "kernels"
+        self.folder = self.root / f"{target}-{fingerprint(target)}"
+        self.memory: dict[tuple[str, KernelSignature], object] = {}
+        self.loads = self.compiles = 0
+
+    def path(self, config: GemmConfig, signature: KernelSignature) -> Path:
+        return self.folder / kernel_file_name(config, signature)
+
+    def get(self, config: GemmConfig, signature: KernelSignature):
+        """The kernel for (config, signature): from memory, else from disk, else compiled (and
+        written to disk for the next process)."""
+        key = (config.compile_key, signature)
+        kernel = self.memory.get(key)
+        if kernel is None:
+            kernel = self._load(config, signature) or self._build(config, signature)
+            self.memory[key] = kernel
+        return kernel
+
+    def _load(self, config: GemmConfig, signature: KernelSignature):
+        from gemmtune.kernels.build import load_gemm
+
+        path = self.path(config, signature)
+        if not path.exists():
+            return None
+        try:
+            kernel = load_gemm(path, config, signature)
+        except Exception as exc:  # a truncated or foreign file: rebuild it
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            log.warning("kernel file %s cannot be loaded (%s); moved to %s", path, exc, aside)
+            path.replace(aside)
+            return None
+        self.loads += 1
+        return kernel
+
+    def _build(self, config: GemmConfig, signature: KernelSignature):
+        from gemmtune.kernels.build import compile_gemm, export_gemm
+
+        kernel = compile_gemm(config, signature)
+        self.compiles += 1
+        write_atomically(self.path(config, signature), lambda tmp: export_gemm(kernel, tmp))
+        return kernel

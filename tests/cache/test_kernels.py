@@ -1,0 +1,44 @@
+"""The kernel cache on the CPU: kernels compile for sm_90a here, and load (the GPU module is
+only loaded at the first launch)."""
+
+import pytest
+
+from gemmtune.cache.kernels import KernelCache, fingerprint, kernel_file_name
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(300)]
+
+CONFIG = GemmConfig(tile_m=128, tile_n=128)
+SIGNATURE = KernelSignature()
+
+
+def test_compiled_once_then_loaded_by_a_fresh_cache(tmp_path):
+    first = KernelCache("sm_90a", tmp_path)
+    kernel = first.get(CONFIG, SIGNATURE)
+    assert first.compiles == 1 and first.get(CONFIG, SIGNATURE) is kernel
+    path = first.path(CONFIG, SIGNATURE)
+    assert path.name == kernel_file_name(CONFIG, SIGNATURE) and path.stat().st_size > 1000
+    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp.o")] == []
+    # another process: same folder, nothing in memory
+    second = KernelCache("sm_90a", tmp_path)
+    assert second.get(CONFIG, SIGNATURE) is not None
+    assert (second.loads, second.compiles) == (1, 0)
+    # the same config at other runtime arguments is the same binary
+    assert second.get(CONFIG.with_runtime(swizzle=4), SIGNATURE) is second.get(CONFIG, SIGNATURE)
+
+
+def test_a_corrupt_kernel_file_is_set_aside_and_rebuilt(tmp_path, caplog):
+    cache = KernelCache("sm_90a", tmp_path)
+    path = cache.path(CONFIG, SIGNATURE)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF truncated")
+    assert cache.get(CONFIG, SIGNATURE) is not None
+    assert cache.compiles == 1 and "cannot be loaded" in caplog.text
+    assert any(".corrupt-" in p.name for p in path.parent.iterdir())
+    assert KernelCache("sm_90a", tmp_path).get(CONFIG, SIGNATURE) is not None
+
+
+def test_the_folder_changes_with_what_changes_a_binary():
+    assert fingerprint("sm_90a") != fingerprint("sm_100a")
+    assert KernelCache("sm_90a").folder.name.startswith("sm_90a-")
