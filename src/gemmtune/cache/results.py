@@ -41,7 +41,7 @@ class TunedRecord:
     ms: float | None
     runners_up: tuple[tuple[str, float], ...] = ()
     tuned_at: float = field(default_factory=time.time)
-    how: str = "top-8"  # "top-k", "exhaustive", "heuristic", "imported"
+    how: str = ""  # how it was found, for people
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # the (m, n, k, l) that was tuned
 
     @property

@@ -1,0 +1,102 @@
+"""tuned_gemm's modes and caches on the CPU: problems described by Operands, a fake tuner."""
+
+import pytest
+import torch
+
+from gemmtune.api import Dispatcher, resolve_mode, tuned_gemm
+from gemmtune.cache.buckets import Environment
+from gemmtune.cache.results import ResultsCache
+from gemmtune.config import GemmConfig
+from gemmtune.device import Arch
+from gemmtune.problem import GemmProblem, Operand
+from gemmtune.tuner import CandidateResult, TuneResult
+
+H200 = Environment("NVIDIA H200", 132, "0.1.0", "4.8.1")
+TUNED = GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2)
+
+
+def problem(m, n, k):
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+
+class FakeTuner:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, p):
+        self.calls += 1
+        results = [
+            CandidateResult(TUNED, 1.0, 0.20, 1e-3, final_ms=0.21),
+            CandidateResult(GemmConfig(), 2.0, 0.30, 1e-3, final_ms=0.31),
+        ]
+        return TuneResult(p, TUNED, 0.21, 1e-3, results, 13824, 2, 1.0, 1.0, 3.0)
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    return Dispatcher(
+        results=ResultsCache(tmp_path / "r.sqlite"), tuner=FakeTuner(), environment=lambda i: H200
+    )
+
+
+def test_tune_mode_tunes_once_per_bucket_then_hits(dispatcher):
+    assert dispatcher.config_for(problem(4000, 4000, 4000), "tune") == TUNED
+    assert dispatcher.config_for(problem(4096, 3000, 2100), "tune") == TUNED  # same bucket
+    assert dispatcher.tuner.calls == 1
+    ((key, record),) = dispatcher.results.items()
+    assert key.startswith("m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200")
+    assert (
+        record.config == TUNED.key and record.ms == 0.21 and record.shape == (4000, 4000, 4000, 1)
+    )
+    assert record.runners_up == ((GemmConfig().key, 0.31),)
+    # a new bucket tunes again
+    dispatcher.config_for(problem(4000, 4000, 8000), "tune")
+    assert dispatcher.tuner.calls == 2
+
+
+def test_cache_only_never_tunes(dispatcher):
+    first_choice = dispatcher.config_for(problem(4000, 4000, 4000), "cache-only")
+    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []
+    assert first_choice.compile_key  # the ranking model's first choice
+    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
+    assert dispatcher.config_for(problem(4000, 4000, 4000), "cache-only") == TUNED
+
+
+def test_heuristic_ignores_the_cache(dispatcher):
+    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
+    heuristic = dispatcher.config_for(problem(4000, 4000, 4000), "heuristic")
+    assert heuristic == Dispatcher._first_choice(problem(4000, 4000, 4000)) != TUNED
+    assert dispatcher.tuner.calls == 1
+
+
+def test_results_of_another_gpu_are_tuned_again(tmp_path):
+    results = ResultsCache(tmp_path / "r.sqlite")
+    tuner = FakeTuner()
+    h100 = Environment("NVIDIA H100 80GB HBM3", 132, "0.1.0", "4.8.1")
+    Dispatcher(results, tuner=tuner, environment=lambda i: h100).config_for(
+        problem(4000, 4000, 4000), "tune"
+    )
+    Dispatcher(results, tuner=tuner, environment=lambda i: H200).config_for(
+        problem(4000, 4000, 4000), "tune"
+    )
+    assert tuner.calls == 2 and len(results.items()) == 2
+
+
+def test_modes_come_from_the_argument_or_the_environment(monkeypatch):
+    monkeypatch.delenv("GEMMTUNE_MODE", raising=False)
+    assert resolve_mode(None) == "tune"
+    monkeypatch.setenv("GEMMTUNE_MODE", "cache-only")
+    assert resolve_mode(None) == "cache-only" and resolve_mode("off") == "off"
+    monkeypatch.setenv("GEMMTUNE_MODE", "fast")
+    with pytest.raises(ValueError, match="GEMMTUNE_MODE"):
+        resolve_mode(None)
+
+
+def test_off_is_torch_matmul_and_wrong_calls_raise():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(tuned_gemm(a, b, mode="off"), a @ b)
+    with pytest.raises(ValueError, match="a is on cpu"):
+        tuned_gemm(a, b, mode="tune")
