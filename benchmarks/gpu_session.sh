@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor, tests, kernel, launch, decomp, timings, tuning (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
+# Steps: doctor tests kernel launch decomp timings tuning cache (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
@@ -16,6 +16,7 @@ for step in $steps; do
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
+    cache) timeout 560 python3 benchmarks/bench_cache.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-cache.txt" | grep -v "^nvdisasm" ;;
     decomp) timeout 400 python3 benchmarks/bench_decomposition.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-decomposition.txt" | grep -v "^nvdisasm" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -1,0 +1,177 @@
+"""What the caches cost and save (issue 6).
+
+1. First call with warm caches: a process tunes a problem (filling both caches in a fresh
+   cache folder); a fresh process then imports gemmtune and makes the first `tuned_gemm` call
+   for that bucket: its wall time (until the result is ready) and whether anything compiled.
+2. Cache hit overhead: host time of `tuned_gemm(a, b, out=out)` against launching the same
+   compiled kernel directly, median of 1000 calls each, small problem.
+3. Bucketing: for shapes inside one power-of-two bucket, the bucket's winner (tuned on the
+   bucket's first shape) against the winner of an exact tune of each shape, side by side.
+
+    python benchmarks/bench_cache.py --out-dir $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, write_results
+
+FIRST_CALL = """
+import json, sys, time
+t0 = time.perf_counter()
+import torch, gemmtune
+from gemmtune.api import DISPATCHER, tuned_gemm
+a = torch.randn({m}, {k}, device="cuda", dtype=torch.bfloat16)
+b = torch.randn({k}, {n}, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+out = tuned_gemm(a, b, mode="{mode}")
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+caches = list(DISPATCHER.kernel_caches.values())
+compiles, loads = sum(c.compiles for c in caches), sum(c.loads for c in caches)
+print(json.dumps({{"import_and_setup_s": t1 - t0, "first_call_ms": (t2 - t1) * 1e3,
+                  "compiles": compiles, "loads": loads}}))
+"""
+
+
+def in_fresh_process(code: str, cache: Path) -> dict:
+    env = dict(os.environ, GEMMTUNE_CACHE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def host_us(fn, calls: int = 1000) -> float:
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        start = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - start) / 1e3)
+        if i % 200 == 199:
+            torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def bucketing(folder: Path) -> list[dict]:
+    """The bucket's winner against each shape's own winner, side by side."""
+    from gemmtune.problem import GemmProblem
+    from gemmtune.tuner import tune
+
+    def problem(m: int, n: int, k: int) -> GemmProblem:
+        a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        return GemmProblem.from_tensors(a, torch.empty(k, n, device="cuda", dtype=torch.bfloat16))
+
+    bucket = tune(problem(4096, 4096, 4096), kernel_dir=folder, progress=False).best
+    rows = []
+    for m, n, k in ((2560, 4096, 4096), (3072, 3072, 4096), (4096, 2304, 3072), (3500, 3500, 3500)):
+        p = problem(m, n, k)
+        exact = tune(p, kernel_dir=folder, progress=False).best
+        both = tune(
+            p, configs=list(dict.fromkeys([bucket, exact])), sweep=0, finalists=2,
+            kernel_dir=folder, progress=False,
+        )  # fmt: skip
+        final = {r.config: r.final_ms or r.ms for r in both.results}
+        rows.append(
+            {
+                "what": "bucketing",
+                "shape": "custom",
+                "m": m,
+                "n": n,
+                "k": k,
+                "bucket": "m4096_n4096_k4096",
+                "bucket_config": bucket.key,
+                "exact_config": exact.key,
+                "bucket_ms": round(final[bucket], 5),
+                "exact_ms": round(final[exact], 5),
+                "bucket_vs_exact": round(final[exact] / final[bucket], 4),
+            }
+        )
+        print(
+            f"bucketing {m}x{n}x{k}: the bucket's winner runs at {rows[-1]['bucket_vs_exact']:.3f}"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    rows = []
+    m, n, k = 4096, 4096, 4096
+    with tempfile.TemporaryDirectory(prefix="gemmtune-cache-") as folder:
+        cache = Path(folder)
+        tuned = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune"), cache)
+        warm = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune"), cache)
+        rows.append(
+            {
+                "what": "first_call_cold_caches",
+                "ms": round(tuned["first_call_ms"], 1),
+                "compiles": tuned["compiles"],
+            }
+        )
+        rows.append(
+            {
+                "what": "first_call_warm_cache",
+                "ms": round(warm["first_call_ms"], 2),
+                "compiles": warm["compiles"],
+                "loads": warm["loads"],
+                "import_and_setup_s": round(warm["import_and_setup_s"], 2),
+                "runs": 1,
+            }
+        )
+        print(
+            f"first call, cold caches {tuned['first_call_ms'] / 1e3:.1f} s; "
+            f"warm {warm['first_call_ms']:.1f} ms, {warm['compiles']} compiles"
+        )
+
+        os.environ["GEMMTUNE_CACHE_DIR"] = str(cache)
+        from gemmtune.api import DISPATCHER, tuned_gemm
+
+        a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+        tuned_gemm(a, b, out=out, mode="heuristic")
+        plan = next(p for p in DISPATCHER.plans.values() if p is not None)
+        direct = host_us(
+            lambda: plan.kernel(a, b, out, plan.partials, plan.counters, *plan.runtime_args)
+        )
+        hit = host_us(lambda: tuned_gemm(a, b, out=out, mode="heuristic"))
+        rows.append({"what": "launch_direct", "us": round(direct, 2), "runs": 1000})
+        rows.append(
+            {
+                "what": "cache_hit",
+                "us": round(hit, 2),
+                "runs": 1000,
+                "overhead_us": round(hit - direct, 2),
+            }
+        )
+        print(f"direct launch {direct:.2f} us, tuned_gemm hit {hit:.2f} us: +{hit - direct:.2f} us")
+        rows += bucketing(cache / "bucketing")
+
+    method = (
+        "first calls: wall time of the first tuned_gemm in a fresh process (GEMMTUNE_CACHE_DIR "
+        "filled by a previous process), until the result is ready; overheads: host time per "
+        "call (perf_counter_ns), median of 1000 after 100 warm-up calls, 256x256x256 bf16"
+    )
+    print(f"wrote {write_results('cache', method, rows, args.out_dir)}")
+
+
+if __name__ == "__main__":
+    main()
