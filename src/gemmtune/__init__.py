@@ -1,8 +1,10 @@
 """gemmtune: autotuned persistent GEMM kernels for Hopper and Blackwell, in the CuTe DSL."""
 
-from gemmtune.config import GemmConfig
-from gemmtune.problem import GemmProblem
-
 __version__ = "0.1.0"
 
-__all__ = ["GemmConfig", "GemmProblem", "__version__"]
+from gemmtune.api import tuned_gemm
+from gemmtune.config import GemmConfig
+from gemmtune.problem import GemmProblem
+from gemmtune.tuner import TuneResult, tune
+
+__all__ = ["GemmConfig", "GemmProblem", "TuneResult", "__version__", "tune", "tuned_gemm"]
