@@ -1,0 +1,28 @@
+"""Our GEMM kernels (CuTe DSL) and what each can serve."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gemmtune.config import GemmConfig
+from gemmtune.problem import DTYPE_NAMES, GemmProblem
+
+
+def serve_reason(
+    config: GemmConfig, problem: GemmProblem, implements: Callable[[GemmConfig], str | None]
+) -> str | None:
+    """What every kernel requires of a problem: why `config` (whose kernel answers
+    `implements`) cannot compute `problem`, or None."""
+    if not problem.supported:
+        return str(problem.fallback_reason)
+    why = implements(config)
+    if why:
+        return why
+    if problem.arch.value != config.arch:
+        return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
+    if problem.a_dtype != problem.b_dtype or DTYPE_NAMES.get(problem.a_dtype) not in (
+        "bf16",
+        "fp16",
+    ):
+        return "A and B must both be bf16 or both fp16"
+    return None

@@ -7,8 +7,9 @@ so `implements` states the hardware's and the planned kernel's limits.
 from __future__ import annotations
 
 from gemmtune.config import Decomposition, GemmConfig, expand_families
+from gemmtune.kernels import serve_reason
 from gemmtune.kernels.sm90.rules import MIN_AB_STAGES, SMEM_CAPACITY, SMEM_RESERVED, TILE_K
-from gemmtune.problem import DTYPE_NAMES, GemmProblem
+from gemmtune.problem import GemmProblem
 
 #: MMA tile M per CTA pair: 64 or 128 with one CTA, 128 or 256 across two (2-CTA instructions)
 TILE_M_ONE_CTA = (64, 128)
@@ -78,13 +79,4 @@ def implemented_configs(
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     """Why `config` cannot compute `problem`, or None when it can."""
-    if not problem.supported:
-        return str(problem.fallback_reason)
-    why = implements(config)
-    if why:
-        return why
-    if problem.arch.value != config.arch:
-        return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
-    if DTYPE_NAMES.get(problem.a_dtype) not in ("bf16", "fp16"):
-        return "A and B must both be bf16 or both fp16"
-    return None
+    return serve_reason(config, problem, implements)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gemmtune.config import Decomposition, GemmConfig, Schedule, expand_families
+from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.problem import DTYPE_NAMES, GemmProblem
+from gemmtune.problem import GemmProblem
 
 #: Shared memory one CTA may use on sm_90 (227 KB), `cutlass.utils.get_smem_capacity_in_bytes`.
 SMEM_CAPACITY = 232448
@@ -134,18 +135,9 @@ def implemented_configs(
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     """Why `config` cannot compute `problem`, or None when it can."""
-    if not problem.supported:
-        return str(problem.fallback_reason)
-    why = implements(config)
+    why = serve_reason(config, problem, implements)
     if why:
         return why
-    if problem.arch.value != config.arch:
-        return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
-    if problem.a_dtype != problem.b_dtype or DTYPE_NAMES.get(problem.a_dtype) not in (
-        "bf16",
-        "fp16",
-    ):
-        return "A and B must both be bf16 or both fp16"
     plan = smem_plan(config, KernelSignature.of(problem))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
