@@ -42,3 +42,13 @@ def test_a_corrupt_kernel_file_is_set_aside_and_rebuilt(tmp_path, caplog):
 def test_the_folder_changes_with_what_changes_a_binary():
     assert fingerprint("sm_90a") != fingerprint("sm_100a")
     assert KernelCache("sm_90a").folder.name.startswith("sm_90a-")
+
+
+def test_the_compile_pool_fills_the_kernel_cache(tmp_path):
+    from gemmtune.compile_pool import CompileJob, compile_all
+
+    cache = KernelCache("sm_90a", tmp_path)
+    (outcome,) = compile_all([CompileJob(CONFIG, SIGNATURE)], cache.folder, workers=1)
+    assert outcome.path == cache.path(CONFIG, SIGNATURE)
+    assert cache.get(CONFIG, SIGNATURE) is not None
+    assert (cache.loads, cache.compiles) == (1, 0)
