@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_side_by_side
+from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import load_gemm, max_active_clusters, runtime_args
-from gemmtune.kernels.launch import WORKSPACES, workspace_need
+from gemmtune.kernels.build import load_gemm, max_active_clusters
+from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, suggest_decomposition
 from gemmtune.kernels.signature import KernelSignature
 
@@ -91,15 +92,13 @@ class Problem:
 
     def launcher(self, config: GemmConfig):
         kernel = self.kernels[config.compile_key]
-        args = runtime_args(config, 0)
-        need = workspace_need(config, self.m, self.n, self.k, 1, args[-1])
-        partials, counters = WORKSPACES.get(self.a.device, need)
-        return lambda: kernel(self.a, self.b, self.out, partials, counters, *args)
+        args = launch_args(config, self.a.device, self.m, self.n, self.k, 1)
+        return lambda: kernel(self.a, self.b, self.out, *args)
 
     def check(self, config: GemmConfig) -> float:
         self.out.fill_(float("nan"))
         self.launcher(config)()
-        err = ((self.out.float() - self.ref).norm() / self.ref.norm()).item()
+        err = relative_error(self.out, self.ref)
         if not err < 2e-2:
             raise AssertionError(f"{config.key} on {self.m}x{self.n}x{self.k}: rel err {err}")
         return err

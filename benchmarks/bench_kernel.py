@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
+from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import Decomposition, GemmConfig, Raster
-from gemmtune.kernels.build import load_gemm, runtime_args
-from gemmtune.kernels.launch import WORKSPACES, workspace_need
+from gemmtune.kernels.build import load_gemm
+from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 
@@ -84,12 +85,6 @@ SPLITS = (2, 3, 4, 6, 8, 12, 16)
 log = logging.getLogger("bench_kernel")
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if out.isnan().any():
-        return float("inf")
-    return ((out.float() - ref).norm() / ref.norm()).item()
-
-
 def compile_candidates(dtypes: list[str], workers: int) -> dict:
     jobs = [
         CompileJob(cfg, KernelSignature(ab_dtype=d, out_dtype=d))
@@ -141,10 +136,8 @@ def bench_shape(
 
     def launcher(config: GemmConfig):
         kernel = kernels[(config.compile_key, dtype)]
-        args = runtime_args(config, 0)
-        need = workspace_need(config, m, n, k, 1, args[-1])
-        partials, counters = WORKSPACES.get(a.device, need)
-        return lambda: kernel(a, b, out, partials, counters, *args)
+        args = launch_args(config, a.device, m, n, k, 1)
+        return lambda: kernel(a, b, out, *args)
 
     screened, rejected = [], []
     for config in candidates_for(m, n, decompositions):
@@ -153,7 +146,7 @@ def bench_shape(
         run = launcher(config)
         out.fill_(float("nan"))
         run()
-        err = rel_err(out, ref)
+        err = relative_error(out, ref)
         if err > TOLERANCE:
             rejected.append({"config": config.key, "rel_err": err})
             continue
@@ -173,7 +166,7 @@ def bench_shape(
         torch.mm(a, b, out=cublas_out)
 
     cublas()
-    cublas_err = rel_err(cublas_out, ref)
+    cublas_err = relative_error(cublas_out, ref)
     finalists = variants[:3]
     timings = time_side_by_side(
         [cublas] + [launcher(config) for _, config, _ in finalists], runs=runs, flush=flush

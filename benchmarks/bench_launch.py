@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_results
 
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import compile_gemm, runtime_args
-from gemmtune.kernels.launch import WORKSPACES, WorkspaceNeed, launch
+from gemmtune.kernels.build import compile_gemm
+from gemmtune.kernels.launch import launch, launch_args
 from gemmtune.kernels.signature import KernelSignature
 
 
@@ -47,12 +47,11 @@ def main() -> None:
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    rt = runtime_args(config, 0)
-    partials, counters = WORKSPACES.get(a.device, WorkspaceNeed(0, 0))
+    args = launch_args(config, a.device, 256, 256, 256, 1)
     rows = []
     for name, fn in (
-        ("launch", lambda: kernel(a, b, out, partials, counters, *rt)),
-        ("launch_function_direct", lambda: kernel.function(a, b, out, partials, counters, *rt)),
+        ("launch", lambda: kernel(a, b, out, *args)),
+        ("launch_function_direct", lambda: kernel.function(a, b, out, *args)),
         ("launch_helper_with_workspace_lookup", lambda: launch(kernel, a, b, out, config)),
         ("torch_mm", lambda: torch.mm(a, b, out=out)),
     ):

@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda
+from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import Decomposition, Raster
-from gemmtune.kernels.build import load_gemm, max_active_clusters, runtime_args
-from gemmtune.kernels.launch import WORKSPACES, workspace_need
+from gemmtune.kernels.build import load_gemm, max_active_clusters
+from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
@@ -52,16 +53,14 @@ class ShapeRun:
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
         kernel = self.kernels[config.compile_key]
-        rt = runtime_args(config, 0)
-        need = workspace_need(config, self.m, self.n, self.k, 1, rt[-1])
-        partials, counters = WORKSPACES.get(self.a.device, need)
+        args = launch_args(config, self.a.device, self.m, self.n, self.k, 1)
 
         def run():
-            kernel(self.a, self.b, self.out, partials, counters, *rt)
+            kernel(self.a, self.b, self.out, *args)
 
         self.out.fill_(float("nan"))
         run()
-        err = ((self.out.float() - self.ref).norm() / self.ref.norm()).item()
+        err = relative_error(self.out, self.ref)
         if not err < 2e-2:
             return None, err
         return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err

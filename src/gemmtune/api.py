@@ -56,10 +56,8 @@ def current_environment(device_index: int) -> Environment:
 class Plan:
     """Everything a launch for one tensor signature needs, found once."""
 
-    kernel: object
-    runtime_args: tuple
-    partials: torch.Tensor
-    counters: torch.Tensor
+    function: object  # the compiled kernel's launcher
+    args: tuple  # what follows (a, b, out): workspace, runtime arguments
     config: GemmConfig
 
 
@@ -141,16 +139,14 @@ class Dispatcher:
     # -- launching --------------------------------------------------------------------------
 
     def _plan(self, problem: GemmProblem, mode: str) -> Plan:
-        from gemmtune.kernels.build import runtime_args
-        from gemmtune.kernels.launch import WORKSPACES, workspace_need
+        from gemmtune.kernels.launch import launch_args
         from gemmtune.kernels.signature import KernelSignature
 
         config = self.config_for(problem, mode)
         kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
-        args = runtime_args(config, problem.device.index or 0)
-        need = workspace_need(config, problem.m, problem.n, problem.k, problem.l, args[-1])
-        partials, counters = WORKSPACES.get(problem.device, need)
-        return Plan(kernel, args, partials, counters, config)
+        p = problem
+        args = launch_args(config, p.device, p.m, p.n, p.k, p.l)
+        return Plan(kernel.function, args, config)
 
     def __call__(
         self,
@@ -186,7 +182,7 @@ class Dispatcher:
         if out is None:
             shape = (*a.shape[:-1], b.shape[-1])
             out = torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
-        plan.kernel(a, b, out, plan.partials, plan.counters, *plan.runtime_args)
+        plan.function(a, b, out, *plan.args)
         return out
 
 

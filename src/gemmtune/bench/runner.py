@@ -106,17 +106,14 @@ class GemmRunner:
         return self.kernels[path]
 
     def _launcher(self, config: GemmConfig, kernel_path: str):
-        from gemmtune.kernels.build import runtime_args
-        from gemmtune.kernels.launch import WORKSPACES, workspace_need
+        from gemmtune.kernels.launch import launch_args
 
         kernel = self._kernel(kernel_path, config)
-        args = runtime_args(config, self.spec.device_index)
         s = self.spec
-        need = workspace_need(config, s.m, s.n, s.k, s.l, args[-1])
-        partials, counters = WORKSPACES.get(self.a.device, need)
+        args = launch_args(config, self.a.device, s.m, s.n, s.k, s.l)
 
         def run() -> None:
-            kernel(self.a, self.b, self.out, partials, counters, *args)
+            kernel(self.a, self.b, self.out, *args)
 
         return run
 

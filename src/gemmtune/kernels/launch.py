@@ -68,6 +68,22 @@ class WorkspacePool:
 WORKSPACES = WorkspacePool()
 
 
+def launch_args(
+    config: GemmConfig,
+    device: torch.device,
+    m: int,
+    n: int,
+    k: int,
+    l: int,
+    pool: WorkspacePool = WORKSPACES,
+) -> tuple:
+    """Everything a launch of `config`'s kernel passes after (a, b, out) for an (m, n, k, l)
+    problem: the workspace and the runtime arguments. Found once per problem by its callers."""
+    args = runtime_args(config, device.index or 0)
+    partials, counters = pool.get(device, workspace_need(config, m, n, k, l, args[-1]))
+    return (partials, counters, *args)
+
+
 def launch(
     kernel: CompiledGemm,
     a: torch.Tensor,
@@ -78,10 +94,8 @@ def launch(
 ) -> None:
     """Run `kernel` on torch tensors with the runtime arguments of `config` (by default the
     config it was compiled from), on torch's current stream."""
-    config = config or kernel.config
-    device = a.device
-    args = runtime_args(config, device.index or 0)
     batch = a.shape[0] if a.dim() == 3 else 1
-    need = workspace_need(config, a.shape[-2], b.shape[-1], a.shape[-1], batch, args[-1])
-    partials, counters = pool.get(device, need)
-    kernel(a, b, out, partials, counters, *args)
+    args = launch_args(
+        config or kernel.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch, pool
+    )
+    kernel(a, b, out, *args)
