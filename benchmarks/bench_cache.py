@@ -29,29 +29,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_results
 
 FIRST_CALL = """
-import json, sys, time
+import cProfile, io, json, pstats, sys, time
 t0 = time.perf_counter()
 import torch, gemmtune
 from gemmtune.api import DISPATCHER, tuned_gemm
 a = torch.randn({m}, {k}, device="cuda", dtype=torch.bfloat16)
 b = torch.randn({k}, {n}, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
+profile = cProfile.Profile() if {profile} else None
 t1 = time.perf_counter()
+if profile:
+    profile.enable()
 out = tuned_gemm(a, b, mode="{mode}")
 torch.cuda.synchronize()
 t2 = time.perf_counter()
+if profile:
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+    print(text.getvalue(), file=sys.stderr)
 caches = list(DISPATCHER.kernel_caches.values())
 compiles, loads = sum(c.compiles for c in caches), sum(c.loads for c in caches)
 print(json.dumps({{"import_and_setup_s": t1 - t0, "first_call_ms": (t2 - t1) * 1e3,
-                  "compiles": compiles, "loads": loads}}))
+                  "compiles": compiles, "loads": loads, "dsl_imported": "cutlass" in sys.modules}}))
 """
 
 
-def in_fresh_process(code: str, cache: Path) -> dict:
+def in_fresh_process(code: str, cache: Path, profile_to: Path | None = None) -> dict:
     env = dict(os.environ, GEMMTUNE_CACHE_DIR=str(cache))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-3000:])
+    if profile_to is not None:
+        profile_to.write_text(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -70,7 +80,11 @@ def host_us(fn, calls: int = 1000) -> float:
 
 
 def bucketing(folder: Path) -> list[dict]:
-    """The bucket's winner against each shape's own winner, side by side."""
+    """Inside one bucket: the bucket's winner, the bucket's choice for the shape (its measured
+    configs re-ranked for that shape, what tuned_gemm serves) and an exact tune's winner, side
+    by side."""
+    from gemmtune.api import Dispatcher, record_of
+    from gemmtune.config import CUBLAS
     from gemmtune.problem import GemmProblem
     from gemmtune.tuner import tune
 
@@ -78,14 +92,17 @@ def bucketing(folder: Path) -> list[dict]:
         a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
         return GemmProblem.from_tensors(a, torch.empty(k, n, device="cuda", dtype=torch.bfloat16))
 
-    bucket = tune(problem(4096, 4096, 4096), kernel_dir=folder, progress=False).best
+    record = record_of(tune(problem(4096, 4096, 4096), kernel_dir=folder, progress=False))
+    bucket = record.gemm_config
     rows = []
-    for m, n, k in ((2560, 4096, 4096), (3072, 3072, 4096), (4096, 2304, 3072), (3500, 3500, 3500)):
+    for m, n, k in ((2560, 4096, 4096), (3072, 3072, 4096), (4096, 2304, 3072), (3504, 3512, 3496)):
         p = problem(m, n, k)
+        chosen = Dispatcher.for_shape(record, p)
         exact = tune(p, kernel_dir=folder, progress=False).best
+        contenders = list(dict.fromkeys(c for c in (bucket, chosen, exact) if c is not None))
         both = tune(
-            p, configs=list(dict.fromkeys([bucket, exact])), sweep=0, finalists=2,
-            kernel_dir=folder, progress=False,
+            p, configs=contenders, sweep=0, finalists=len(contenders), kernel_dir=folder,
+            progress=False,
         )  # fmt: skip
         final = {r.config: r.final_ms or r.ms for r in both.results}
         rows.append(
@@ -97,14 +114,19 @@ def bucketing(folder: Path) -> list[dict]:
                 "k": k,
                 "bucket": "m4096_n4096_k4096",
                 "bucket_config": bucket.key,
+                "chosen_config": chosen.key if chosen else CUBLAS,
                 "exact_config": exact.key,
                 "bucket_ms": round(final[bucket], 5),
+                "chosen_ms": round(final[chosen], 5) if chosen else None,
                 "exact_ms": round(final[exact], 5),
                 "bucket_vs_exact": round(final[exact] / final[bucket], 4),
+                "chosen_vs_exact": round(final[exact] / final[chosen], 4) if chosen else None,
             }
         )
         print(
-            f"bucketing {m}x{n}x{k}: the bucket's winner runs at {rows[-1]['bucket_vs_exact']:.3f}"
+            f"bucketing {m}x{n}x{k}: of the exact winner's speed, the bucket's winner reaches "
+            f"{rows[-1]['bucket_vs_exact']:.3f}, the bucket's choice for the shape "
+            f"{rows[-1]['chosen_vs_exact']}"
         )
     return rows
 
@@ -117,8 +139,13 @@ def main() -> None:
     m, n, k = 4096, 4096, 4096
     with tempfile.TemporaryDirectory(prefix="gemmtune-cache-") as folder:
         cache = Path(folder)
-        tuned = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune"), cache)
-        warm = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune"), cache)
+        tuned = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune", profile=0), cache)
+        warm = in_fresh_process(FIRST_CALL.format(m=m, n=n, k=k, mode="tune", profile=0), cache)
+        in_fresh_process(
+            FIRST_CALL.format(m=m, n=n, k=k, mode="tune", profile=1),
+            cache,
+            profile_to=args.out_dir / "first-call-profile.txt",
+        )
         rows.append(
             {
                 "what": "first_call_cold_caches",
@@ -132,6 +159,7 @@ def main() -> None:
                 "ms": round(warm["first_call_ms"], 2),
                 "compiles": warm["compiles"],
                 "loads": warm["loads"],
+                "dsl_imported": warm["dsl_imported"],
                 "import_and_setup_s": round(warm["import_and_setup_s"], 2),
                 "runs": 1,
             }

@@ -29,7 +29,8 @@ from gemmtune.bench.timing import L2Flusher, time_side_by_side
 from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import load_gemm, max_active_clusters
+from gemmtune.device import max_active_clusters
+from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, suggest_decomposition
 from gemmtune.kernels.signature import KernelSignature

@@ -27,7 +27,8 @@ from gemmtune.bench.timing import L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import Decomposition, Raster
-from gemmtune.kernels.build import load_gemm, max_active_clusters
+from gemmtune.device import max_active_clusters
+from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature

@@ -100,3 +100,47 @@ def test_off_is_torch_matmul_and_wrong_calls_raise():
     torch.testing.assert_close(tuned_gemm(a, b, mode="off"), a @ b)
     with pytest.raises(ValueError, match="a is on cpu"):
         tuned_gemm(a, b, mode="tune")
+
+
+def record_of(measured, shape):
+    """A record as a tune of `shape` leaves it: `measured` (config key, ms), fastest first."""
+    from gemmtune.cache.results import TunedRecord
+
+    (best, ms), *rest = measured
+    return TunedRecord(best, ms, tuple(rest), shape=shape)
+
+
+def test_a_bucket_rechooses_among_its_measured_configs_for_each_shape():
+    """Tuned at 4096^3, a 256x128 tile won narrowly; at 3072x3072 the same tile leaves the
+    last wave 18% full (288 tiles on 132 SMs) and the model says a 128x128 tile gains more than
+    the measured 1%: that is the choice. At the tuned shape itself the measurement decides."""
+    from gemmtune.space.ranking import RankingModel
+    from gemmtune.tuner import device_model_for
+
+    big, small = GemmConfig(tile_m=256, tile_n=128), GemmConfig(tile_m=128, tile_n=128)
+    record = record_of([(big.key, 1.00), (small.key, 1.01)], (4096, 4096, 4096, 1))
+    model = RankingModel(device_model_for(problem(1, 1, 1)))
+    q, t = problem(3072, 3072, 4096), problem(4096, 4096, 4096)
+    # the premise: the model's ratio moves by more than the measured 1% between the shapes
+    gain = model.predict_us(q, big) / model.predict_us(t, big)
+    assert gain > 1.02 * model.predict_us(q, small) / model.predict_us(t, small)
+    assert Dispatcher.for_shape(record, q) == small
+    assert Dispatcher.for_shape(record, t) == big
+
+
+def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
+    from gemmtune.config import CUBLAS
+
+    class CublasWins(FakeTuner):
+        def __call__(self, p):
+            result = super().__call__(p)
+            result.cublas_ms = 0.1
+            return result
+
+    d = Dispatcher(
+        ResultsCache(tmp_path / "r.sqlite"), tuner=CublasWins(), environment=lambda i: H200
+    )
+    assert d.config_for(problem(4000, 4000, 4000), "tune") is None
+    ((_, record),) = d.results.items()
+    assert record.config == CUBLAS and record.runners_up[0] == (TUNED.key, 0.21)
+    assert d.config_for(problem(4000, 4000, 4000), "cache-only") is None

@@ -127,3 +127,15 @@ def test_unsupported_problems_are_refused():
     )
     with pytest.raises(ValueError, match="no gemmtune kernel serves"):
         tune(p, runner=RUNNER, progress=False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cublas_ms, winner", [(1e-6, "cublas"), (1e6, "gemmtune")])
+def test_cublas_runs_beside_the_finalists_and_can_win(monkeypatch, cublas_ms, winner):
+    monkeypatch.setenv("FAKE_CUBLAS_MS", str(cublas_ms))  # the worker inherits it
+    compile_fn, _ = fake_compiler()
+    result = tune(
+        problem(4096, 4096, 4096), compiler=compile_fn, runner=RELIABLE, progress=False, cublas=True
+    )
+    assert result.cublas_ms == pytest.approx(cublas_ms) and result.backend == winner
+    assert result.best is not None  # our best kernel is still reported

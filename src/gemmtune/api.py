@@ -8,6 +8,13 @@
                  tune()             on a cache miss, in mode "tune"; the result is stored
                  KernelCache        config -> compiled kernel (level 1: dict, disk, compile)
 
+A bucket's record keeps every config its tune timed. For a shape of the bucket other than the
+one tuned, the choice among them is re-made for that shape: each measured time scaled by the
+ranking model's predicted ratio between the two shapes (wave quantization and tile fit change
+within a bucket; the measurement keeps what the model gets wrong about the config itself).
+Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket it wins is served
+by torch.matmul.
+
 Modes (`mode=` or `GEMMTUNE_MODE`): "tune" (default: tune on a miss, then cache),
 "cache-only" (never tune: on a miss the ranking model's first choice, for production),
 "heuristic" (always the ranking model's first choice), "off" (torch.matmul).
@@ -15,6 +22,7 @@ Modes (`mode=` or `GEMMTUNE_MODE`): "tune" (default: tune on a miss, then cache)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -24,13 +32,20 @@ import torch
 
 from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key
 from gemmtune.cache.results import ResultsCache, TunedRecord
-from gemmtune.config import GemmConfig
+from gemmtune.config import CUBLAS, Decomposition, GemmConfig
 from gemmtune.problem import ALIGNMENT_BYTES, GemmProblem, fallback_matmul
 
 log = logging.getLogger(__name__)
 
 MODE_ENV = "GEMMTUNE_MODE"
 MODES = ("tune", "cache-only", "heuristic", "off")
+CUBLAS_ENV = "GEMMTUNE_CUBLAS"
+
+
+def cublas_candidate() -> bool:
+    """Whether tuning times torch.matmul beside our kernels (default yes; GEMMTUNE_CUBLAS=0
+    to tune our kernels only)."""
+    return os.environ.get(CUBLAS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def resolve_mode(mode: str | None) -> str:
@@ -56,9 +71,10 @@ def current_environment(device_index: int) -> Environment:
 class Plan:
     """Everything a launch for one tensor signature needs, found once."""
 
-    function: object  # the compiled kernel's launcher
+    function: object | None  # the compiled kernel's launcher; None: torch.matmul serves
     args: tuple  # what follows (a, b, out): workspace, runtime arguments
-    config: GemmConfig
+    config: GemmConfig | None
+    workspace_stream: int | None = None  # the stream whose workspace `args` holds, if any
 
 
 class Dispatcher:
@@ -86,38 +102,57 @@ class Dispatcher:
             self.results = ResultsCache()
         return self.results
 
-    def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig:
-        """The config `mode` picks for a supported problem."""
+    def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
+        """The config `mode` picks for a supported problem; None when torch.matmul won."""
         if mode in ("tune", "cache-only"):
             key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
             record = self._results().lookup(key)
             if record is not None:
-                return record.gemm_config
+                return self.for_shape(record, problem)
             if mode == "tune":
                 return self._tune(problem, key)
         return self._first_choice(problem)
 
-    def _tune(self, problem: GemmProblem, key: str) -> GemmConfig:
+    @staticmethod
+    def for_shape(record: TunedRecord, problem: GemmProblem) -> GemmConfig | None:
+        """The bucket's choice for this problem's own shape (see the module's docstring)."""
+        shape = (problem.m, problem.n, problem.k, problem.l)
+        measured = [(record.config, record.ms), *record.runners_up]
+        if record.shape == shape or record.ms is None or len(measured) == 1:
+            choice = record.config
+        else:
+            from gemmtune.space.ranking import RankingModel
+            from gemmtune.tuner import device_model_for
+
+            model = RankingModel(device_model_for(problem))
+            m, n, k, l = record.shape
+            tuned = dataclasses.replace(problem, m=m, n=n, k=k, l=l)
+
+            def scaled_ms(entry: tuple[str, float]) -> float:
+                name, ms = entry
+                if name == CUBLAS:
+                    return ms * model.roofline_us(problem) / model.roofline_us(tuned)
+                config = GemmConfig.from_key(name)
+                return ms * model.predict_us(problem, config) / model.predict_us(tuned, config)
+
+            choice = min(measured, key=scaled_ms)[0]
+        return None if choice == CUBLAS else GemmConfig.from_key(choice)
+
+    def _tune(self, problem: GemmProblem, key: str) -> GemmConfig | None:
         tuner = self.tuner or self._default_tuner
         result = tuner(problem)
-        if result.best is None:
+        if result.best is None and result.backend != CUBLAS:
             log.warning("tuning found no working kernel; using the ranking model's first choice")
             return self._first_choice(problem)
-        timed = sorted((r for r in result.results if r.ok), key=lambda r: r.final_ms or r.ms)
-        record = TunedRecord(
-            config=result.best.key,
-            ms=result.best_ms,
-            runners_up=tuple((r.config.key, r.final_ms or r.ms) for r in timed[1:4]),
-            how=f"tuned: {len(result.results)} of {result.candidates} candidates timed",
-            shape=(problem.m, problem.n, problem.k, problem.l),
-        )
+        record = record_of(result)
         self._results().store(key, record)
-        return result.best
+        log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
+        return None if record.config == CUBLAS else GemmConfig.from_key(record.config)
 
     def _default_tuner(self, problem: GemmProblem):
         from gemmtune.tuner import tune
 
-        return tune(problem, kernel_dir=self._kernels(problem).folder)
+        return tune(problem, kernel_dir=self._kernels(problem).folder, cublas=cublas_candidate())
 
     @staticmethod
     def _first_choice(problem: GemmProblem) -> GemmConfig:
@@ -143,10 +178,28 @@ class Dispatcher:
         from gemmtune.kernels.signature import KernelSignature
 
         config = self.config_for(problem, mode)
+        if config is None:
+            return Plan(None, (), None)
         kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
         p = problem
         args = launch_args(config, p.device, p.m, p.n, p.k, p.l)
-        return Plan(kernel.function, args, config)
+        stream = None
+        if config.decomposition is not Decomposition.DATA_PARALLEL:
+            stream = torch.cuda.current_stream(p.device).stream_id
+        return Plan(kernel.function, args, config, stream)
+
+    @staticmethod
+    def _args(plan: Plan, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        """The plan's launch arguments, with the workspace of the current stream: kernels on
+        two streams must not share one."""
+        if plan.workspace_stream is None:
+            return plan.args
+        if torch.cuda.current_stream(a.device).stream_id == plan.workspace_stream:
+            return plan.args
+        from gemmtune.kernels.launch import launch_args
+
+        batch = a.shape[0] if a.dim() == 3 else 1
+        return launch_args(plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch)
 
     def __call__(
         self,
@@ -177,13 +230,31 @@ class Dispatcher:
                     self.fallbacks_logged.add(reason.code)
                     log.info("gemmtune falls back to torch.matmul: %s", reason)
             self.plans[signature] = plan
-        if plan is None or _misaligned(a, b, out):
+        if plan is None or plan.function is None or _misaligned(a, b, out):
             return fallback_matmul(a, b, out, out_dtype)
         if out is None:
             shape = (*a.shape[:-1], b.shape[-1])
             out = torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
-        plan.function(a, b, out, *plan.args)
+        plan.function(a, b, out, *self._args(plan, a, b))
         return out
+
+
+def record_of(result) -> TunedRecord:
+    """What the results cache keeps of a `TuneResult`: every timed config (and torch.matmul),
+    fastest first, at its side-by-side time where it has one."""
+    timed = [(r.config.key, r.final_ms or r.ms) for r in result.results if r.ok]
+    if result.cublas_ms is not None:
+        timed.append((CUBLAS, result.cublas_ms))
+    timed.sort(key=lambda entry: entry[1])
+    cublas = f", torch.matmul {result.cublas_ms:.4f} ms" if result.cublas_ms else ""
+    p = result.problem
+    return TunedRecord(
+        config=timed[0][0],
+        ms=timed[0][1],
+        runners_up=tuple(timed[1:]),
+        how=f"tuned: {len(result.results)} of {result.candidates} candidates timed{cublas}",
+        shape=(p.m, p.n, p.k, p.l),
+    )
 
 
 def _misaligned(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> bool:

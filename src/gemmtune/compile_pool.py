@@ -31,7 +31,7 @@ class CompileJob:
 
     @property
     def name(self) -> str:
-        return kernel_file_name(self.config, self.signature).removesuffix(".o")
+        return Path(kernel_file_name(self.config, self.signature)).stem
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ ARCHES = ("sm_90", "sm_100")
 SWIZZLES = (1, 2, 4, 8)
 MAX_CLUSTER_CTAS = 16  # Hopper and Blackwell allow 16 with the non-portable cluster attribute
 MAX_SPLITS = 16
+# torch.matmul (cuBLAS) as a tuning candidate: its name where a config key would stand
+CUBLAS = "cublas"
 
 _DECOMP_TAGS = {
     Decomposition.DATA_PARALLEL: "dp",

@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
+import logging
+import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
+
+from gemmtune.settings import cache_dir
+
+log = logging.getLogger(__name__)
 
 
 class Arch(str, enum.Enum):
@@ -81,3 +89,56 @@ def arch_of(index: int) -> Arch:
 def gpu_available() -> bool:
     """True when torch sees at least one CUDA device."""
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+FACTS_FILE = "device-facts.json"
+
+
+@functools.cache
+def max_active_clusters(cluster_size: int, device_index: int) -> int:
+    """How many clusters of `cluster_size` CTAs (each using all of an SM's shared memory) run
+    at once on the GPU: 132, 66, 30, 15 for 1, 2, 4, 8 on an H100/H200.
+
+    The driver answers only for a loaded kernel, which the DSL compiles for the purpose (a few
+    hundred milliseconds), so the answer is kept in the cache directory, keyed by the GPU's
+    name and SM count: a process that launches a cached kernel imports no compiler.
+    """
+    info = device_info(device_index)
+    key = f"{info.name}|{info.sm_count}|{cluster_size}"
+    path = cache_dir() / FACTS_FILE
+    facts = _read_facts(path)
+    if key not in facts:
+        facts = {**_read_facts(path), key: _query_max_active_clusters(cluster_size, device_index)}
+        _write_facts(path, facts)
+    return int(facts[key])
+
+
+def _query_max_active_clusters(cluster_size: int, device_index: int) -> int:
+    from cutlass.utils import HardwareInfo
+
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream().synchronize()  # the driver API needs torch's context
+        return HardwareInfo().get_max_active_clusters(cluster_size)
+
+
+def _read_facts(path) -> dict:
+    try:
+        facts = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s (%s)", path, exc)
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def _write_facts(path, facts: dict) -> None:
+    """Replace the file in one rename: readers see the old or the new facts, never a part."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as file:
+            json.dump(facts, file, indent=1, sort_keys=True)
+        os.replace(temporary, path)
+    except OSError as exc:  # a read-only cache costs a query per process, nothing more
+        log.warning("cannot write %s (%s)", path, exc)

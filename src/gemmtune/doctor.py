@@ -105,6 +105,17 @@ def compile_check(target: str, timeout: float = 300.0) -> dict[str, Any]:
     return {"target": target, "ok": True, "compile_s": report["compile_s"]}
 
 
+def _kernel_files() -> str:
+    from gemmtune.kernels.build import artifact_suffix
+
+    if artifact_suffix() == ".so":
+        return "shared libraries (a C compiler links them): a cached kernel loads in ~1 ms"
+    return (
+        "object files (no C compiler found: cc, gcc or clang): loading a cached kernel imports "
+        "the DSL, about 1 s for a process's first kernel"
+    )
+
+
 def report(compile_targets: tuple[str, ...] = ()) -> dict[str, Any]:
     """Everything `gemmtune doctor` shows."""
     return {
@@ -116,6 +127,7 @@ def report(compile_targets: tuple[str, ...] = ()) -> dict[str, Any]:
         "driver": _driver_version() if gpu_available() else None,
         "gpus": gpu_report(),
         "cache_dir": str(cache_dir()),
+        "kernel_files": _kernel_files(),
         "compile": [compile_check(t) for t in compile_targets],
     }
 
@@ -131,6 +143,7 @@ def format_report(r: dict[str, Any]) -> str:
         f" ({dsl['cuda_flavour'] or 'no'} libraries), cuda-bindings {dsl['cuda_bindings']},"
         f" tvm-ffi {dsl['tvm_ffi'] or 'not installed'}",
         f"cache dir     {r['cache_dir']}",
+        f"kernel files  {r['kernel_files']}",
     ]
     if r["gpus"]:
         lines.append(f"driver        {r['driver'] or 'unknown'}")

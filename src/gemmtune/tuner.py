@@ -32,7 +32,7 @@ from tqdm import tqdm
 from gemmtune.bench.runner import CompareJob, Measurement, ProblemSpec, RunJob
 from gemmtune.bench.worker import DEFAULT_RUNNER, BenchWorker
 from gemmtune.compile_pool import CompileJob, CompileOutcome, compile_iter
-from gemmtune.config import SWIZZLES, GemmConfig, Raster
+from gemmtune.config import CUBLAS, SWIZZLES, GemmConfig, Raster
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.problem import GemmProblem
 from gemmtune.space import candidates
@@ -74,6 +74,14 @@ class TuneResult:
     bench_s: float  # time spent verifying and timing
     wall_s: float
     kernel_paths: dict[str, Path] = field(default_factory=dict)
+    cublas_ms: float | None = None  # torch.matmul, side by side with the finalists
+
+    @property
+    def backend(self) -> str:
+        """What won: "gemmtune" (`best`) or "cublas" (torch.matmul was faster)."""
+        if self.cublas_ms is not None and (self.best_ms is None or self.cublas_ms < self.best_ms):
+            return CUBLAS
+        return "gemmtune"
 
     @property
     def best_tflops(self) -> float | None:
@@ -98,8 +106,7 @@ def device_model_for(problem: GemmProblem) -> DeviceModel:
     """The ranking model's view of the problem's GPU (measured on it when there is one)."""
     if not torch.cuda.is_available():
         return DeviceModel()
-    from gemmtune.device import device_info
-    from gemmtune.kernels.build import max_active_clusters
+    from gemmtune.device import device_info, max_active_clusters
 
     index = problem.device.index or 0
     info = device_info(index)
@@ -127,6 +134,7 @@ def tune(
     configs: list[GemmConfig] | None = None,
     run_timeout_s: float = 60.0,
     progress: bool = True,
+    cublas: bool = False,
 ) -> TuneResult:
     """Find the fastest correct config for a problem (or for `a @ b`).
 
@@ -135,7 +143,8 @@ def tune(
     are timed at every raster order and swizzle (each candidate: `warmup_ms`, then the median
     of `runs` runs, kept short so that the GPU's clocks move little from one to the next), and
     the `finalists` best side by side (`final_runs` rounds); `graph` times CUDA-graph replays
-    (what a caller that captures its model in a graph sees). Kernels are written to
+    (what a caller that captures its model in a graph sees); `cublas` adds torch.matmul to
+    the side-by-side final (`TuneResult.backend` says who won). Kernels are written to
     `kernel_dir` (a temporary folder by default). `compiler`, `runner` and `model` are for
     tests and experiments.
     """
@@ -186,6 +195,7 @@ def tune(
     setup = threading.Thread(target=set_up, daemon=True)
     setup.start()
     compile_s = bench_s = 0.0
+    cublas_ms = None
     compiled = 0
     results: list[CandidateResult] = []
     paths: dict[str, Path] = {}
@@ -241,19 +251,22 @@ def tune(
             results.append(_result(config, None, m))
             bar.update(1)
         leaders = sorted((r for r in results if r.ok), key=lambda r: r.ms)[:finalists]
-        if len(leaders) > 1:
+        if len(leaders) > 1 or (cublas and leaders):
             t0 = time.perf_counter()
+            extra = (CUBLAS,) if cublas else ()
             job = CompareJob(
-                tuple(r.config.to_json() for r in leaders),
-                tuple(str(paths[r.config.compile_key]) for r in leaders),
+                tuple(r.config.to_json() for r in leaders) + extra,
+                tuple(str(paths[r.config.compile_key]) for r in leaders) + extra,
                 warmup_ms,
                 final_runs,
                 graph,
             )
-            final = worker.compare(job, [r.config.key for r in leaders])
+            final = worker.compare(job, [r.config.key for r in leaders] + list(extra))
             bench_s += time.perf_counter() - t0
-            for r, m in zip(leaders, final, strict=True):
+            for r, m in zip(leaders, final, strict=False):
                 results[results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
+            if cublas:
+                cublas_ms = final[-1].ms
     finally:
         bar.close()
         setup.join()
@@ -278,6 +291,7 @@ def tune(
         bench_s=bench_s,
         wall_s=time.perf_counter() - start,
         kernel_paths=paths,
+        cublas_ms=cublas_ms,
     )
 
 

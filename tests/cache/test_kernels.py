@@ -1,10 +1,14 @@
 """The kernel cache on the CPU: kernels compile for sm_90a here, and load (the GPU module is
 only loaded at the first launch)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from gemmtune.cache.kernels import KernelCache, fingerprint, kernel_file_name
 from gemmtune.config import GemmConfig
+from gemmtune.kernels.build import artifact_suffix
 from gemmtune.kernels.signature import KernelSignature
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(300)]
@@ -19,7 +23,7 @@ def test_compiled_once_then_loaded_by_a_fresh_cache(tmp_path):
     assert first.compiles == 1 and first.get(CONFIG, SIGNATURE) is kernel
     path = first.path(CONFIG, SIGNATURE)
     assert path.name == kernel_file_name(CONFIG, SIGNATURE) and path.stat().st_size > 1000
-    assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp.o")] == []
+    assert [p.name for p in path.parent.iterdir() if ".tmp" in p.name] == []
     # another process: same folder, nothing in memory
     second = KernelCache("sm_90a", tmp_path)
     assert second.get(CONFIG, SIGNATURE) is not None
@@ -37,6 +41,26 @@ def test_a_corrupt_kernel_file_is_set_aside_and_rebuilt(tmp_path, caplog):
     assert cache.compiles == 1 and "cannot be loaded" in caplog.text
     assert any(".corrupt-" in p.name for p in path.parent.iterdir())
     assert KernelCache("sm_90a", tmp_path).get(CONFIG, SIGNATURE) is not None
+
+
+@pytest.mark.skipif(artifact_suffix() != ".so", reason="no C compiler to link kernels with")
+def test_kernels_are_shared_libraries_that_load_without_the_dsl(tmp_path):
+    """Where a C compiler links them (CI has one), a fresh process loads kernels through
+    TVM-FFI alone: importing the DSL would cost the first call about a second."""
+    KernelCache("sm_90a", tmp_path).get(CONFIG, SIGNATURE)
+    code = (
+        "import sys; from pathlib import Path; from gemmtune.cache.kernels import KernelCache;"
+        "from gemmtune.config import GemmConfig; from gemmtune.kernels.signature import "
+        "KernelSignature; c = KernelCache('sm_90a', Path(sys.argv[1]));"
+        "c.get(GemmConfig(tile_m=128, tile_n=128), KernelSignature());"
+        "print(c.loads, c.compiles, 'cutlass' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "0", "False"]
+    assert KernelCache("sm_90a", tmp_path).path(CONFIG, SIGNATURE).suffix == ".so"
 
 
 def test_the_folder_changes_with_what_changes_a_binary():

@@ -15,7 +15,7 @@ import torch
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
 from gemmtune.bench.verify import check
-from gemmtune.config import GemmConfig
+from gemmtune.config import CUBLAS, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 
 
@@ -47,7 +47,8 @@ class RunJob:
 @dataclass(frozen=True)
 class CompareJob:
     """Time several verified configs side by side, run by run in turn, so that all meet the
-    same clocks and temperature: the fair way to decide between close finalists."""
+    same clocks and temperature: the fair way to decide between close finalists. A config
+    named `CUBLAS` (with any kernel path) is torch.matmul, run as a caller without `out` would."""
 
     configs_json: tuple[str, ...]
     kernel_paths: tuple[str, ...]
@@ -117,15 +118,23 @@ class GemmRunner:
 
         return run
 
+    def _cublas(self) -> None:
+        torch.matmul(self.a, self.b)
+
     def compare(self, job: CompareJob) -> list[Measurement]:
-        configs = [GemmConfig.from_json(c) for c in job.configs_json]
-        runs = [self._launcher(c, p) for c, p in zip(configs, job.kernel_paths, strict=True)]
+        keys, runs = [], []
+        for text, path in zip(job.configs_json, job.kernel_paths, strict=True):
+            if text == CUBLAS:
+                keys.append(CUBLAS)
+                runs.append(self._cublas)
+            else:
+                config = GemmConfig.from_json(text)
+                keys.append(config.key)
+                runs.append(self._launcher(config, path))
         timings = time_side_by_side(
             runs, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush, graph=job.graph
         )
-        return [
-            Measurement(c.key, t.median_ms, t.spread) for c, t in zip(configs, timings, strict=True)
-        ]
+        return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]
 
     def measure(self, job: RunJob) -> Measurement:
         config = GemmConfig.from_json(job.config_json)

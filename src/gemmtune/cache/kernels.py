@@ -1,12 +1,13 @@
 """Level 1: compiled kernels, from (config, signature) to something to launch.
 
-In memory, a dictionary: a kernel is compiled or loaded once per process. On disk, object files
-exported by the DSL (`kernels.build.export_gemm`), loaded in about a millisecond instead of a
-second's compile, under a folder named by a fingerprint of everything that changes a binary:
-gemmtune's version and kernel sources, the DSL's version and CUDA flavour, the target. The
-file name is the config's compile key and the signature's key, the name the tuner's compile
-pool writes, so tuning fills this cache. Writes go to a temporary file that is renamed into
-place under a file lock; a file that cannot be loaded is set aside with a warning and rebuilt.
+In memory, a dictionary: a kernel is compiled or loaded once per process. On disk, the DSL's
+exported kernels linked into shared libraries (`kernels.build.export_gemm`), loaded by TVM-FFI
+in about a millisecond instead of a second's compile (and without importing the DSL), under a
+folder named by a fingerprint of everything that changes a binary: gemmtune's version and kernel
+sources, the DSL's version and CUDA flavour, the target. The file name is the config's compile
+key and the signature's key, the name the tuner's compile pool writes, so tuning fills this
+cache. Writes go to a temporary file that is renamed into place under a file lock; a file that
+cannot be loaded is set aside with a warning and rebuilt.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def fingerprint(target: str) -> str:
 
 
 def kernel_file_name(config: GemmConfig, signature: KernelSignature) -> str:
-    return f"{config.compile_key}__{signature.key}.o"
+    from gemmtune.kernels.build import artifact_suffix
+
+    return f"{config.compile_key}__{signature.key}{artifact_suffix()}"
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

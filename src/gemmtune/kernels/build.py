@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -63,36 +65,59 @@ class CompiledGemm:
         self.function(a, b, out, workspace, counters, along_n, swizzle, splits, max_active_clusters)
 
 
-@functools.cache
-def max_active_clusters(cluster_size: int, device_index: int) -> int:
-    """How many clusters of `cluster_size` CTAs (each using all of an SM's shared memory) run
-    at once on the GPU: 132, 66, 30, 15 for 1, 2, 4, 8 on an H100/H200. Needs the GPU."""
-    import torch
-    from cutlass.utils import HardwareInfo
-
-    with torch.cuda.device(device_index):
-        torch.cuda.current_stream().synchronize()  # the driver API needs torch's context
-        return HardwareInfo().get_max_active_clusters(cluster_size)
-
-
 def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, int]:
     """The kernel arguments `config` adds to a launch: raster, swizzle, splits, grid limit."""
+    from gemmtune.device import max_active_clusters
+
     along_n = int(config.raster is Raster.ALONG_N)
     clusters = max_active_clusters(config.cluster_m * config.cluster_n, device_index)
     return along_n, config.swizzle, config.splits, clusters
 
 
+@functools.cache
+def artifact_suffix() -> str:
+    """How compiled kernels are stored: ".so" (a shared library, loaded by TVM-FFI alone in
+    about a millisecond, without importing the DSL) when a C compiler is there to link one,
+    else ".o" (the DSL's object file, whose loader needs the DSL: about a second's import)."""
+    return ".so" if _linker() else ".o"
+
+
+def _linker() -> str | None:
+    return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
 def export_gemm(kernel: CompiledGemm, path: Path) -> None:
-    """Write a compiled kernel as an object file that `load_gemm` loads in any process."""
-    kernel.function.export_to_c(str(path), function_name=EXPORTED_FUNCTION)
+    """Write a compiled kernel that `load_gemm` loads in any process: a shared library when
+    `path` ends in ".so", else the DSL's object file."""
+    if path.suffix != ".so":
+        kernel.function.export_to_c(str(path), function_name=EXPORTED_FUNCTION)
+        return
+    from cutlass.runtime import find_runtime_libraries
+
+    with tempfile.TemporaryDirectory() as folder:
+        objects = Path(folder) / "gemm.o"
+        kernel.function.export_to_c(str(objects), function_name=EXPORTED_FUNCTION)
+        # Link against the very runtime libraries the DSL's own loader would load, and find
+        # them again by path (rpath), so loading needs no environment.
+        libraries = find_runtime_libraries(enable_tvm_ffi=True)
+        rpaths = [f"-Wl,-rpath,{folder}" for folder in {str(Path(p).parent) for p in libraries}]
+        command = [_linker() or "cc", "-shared", "-o", str(path), str(objects), *libraries, *rpaths]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"linking {path.name} failed: {done.stderr.strip()[-2000:]}")
 
 
 def load_gemm(path: Path, config: GemmConfig, signature: KernelSignature) -> CompiledGemm:
     """Load a kernel written by `export_gemm` (no compile: about a millisecond)."""
-    import cutlass.cute as cute
-
     start = time.perf_counter()
-    module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+    if Path(path).suffix == ".so":
+        import tvm_ffi
+
+        module = tvm_ffi.load_module(str(path))
+    else:
+        import cutlass.cute as cute
+
+        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
     function = getattr(module, EXPORTED_FUNCTION)
     return CompiledGemm(config, signature, function, time.perf_counter() - start)
 

@@ -157,6 +157,14 @@ class RankingModel:
         penalty = self._calibration(config).get("overlap_penalty", 0.0)
         return max(compute, memory) + penalty * min(compute, memory)
 
+    def roofline_us(self, problem: GemmProblem) -> float:
+        """The least time the GPU needs for the problem: its MMA work at peak, or moving its
+        operands and result once, whichever is longer."""
+        compute = problem.flops / (self.device.sm_count * self.device.mma_flops_per_us_per_sm)
+        elements = (problem.m + problem.n) * problem.k * problem.a_dtype.itemsize
+        memory = (elements + problem.m * problem.n * problem.out_dtype.itemsize) * problem.l
+        return max(compute, memory / self.device.hbm_bytes_per_us)
+
     def rank(
         self, problem: GemmProblem, configs: list[GemmConfig]
     ) -> list[tuple[float, GemmConfig]]:
