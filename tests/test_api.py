@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gemmtune.api import Dispatcher, resolve_mode, tuned_gemm
+from gemmtune.api import SWITCH_MARGIN, Dispatcher, resolve_mode, tuned_gemm
 from gemmtune.cache.buckets import Environment
 from gemmtune.cache.results import ResultsCache
 from gemmtune.config import GemmConfig
@@ -121,11 +121,18 @@ def test_a_bucket_rechooses_among_its_measured_configs_for_each_shape():
     record = record_of([(big.key, 1.00), (small.key, 1.01)], (4096, 4096, 4096, 1))
     model = RankingModel(device_model_for(problem(1, 1, 1)))
     q, t = problem(3072, 3072, 4096), problem(4096, 4096, 4096)
-    # the premise: the model's ratio moves by more than the measured 1% between the shapes
-    gain = model.predict_us(q, big) / model.predict_us(t, big)
-    assert gain > 1.02 * model.predict_us(q, small) / model.predict_us(t, small)
+    # the premise: the model's ratio moves by more than the measured 1% and the margin
+    ratio_big = model.predict_us(q, big) / model.predict_us(t, big)
+    ratio_small = model.predict_us(q, small) / model.predict_us(t, small)
+    assert ratio_big > 1.01 * SWITCH_MARGIN * ratio_small
     assert Dispatcher.for_shape(record, q) == small
     assert Dispatcher.for_shape(record, t) == big
+    # a shape where the ratios hardly differ keeps the measured winner
+    near = problem(4032, 4096, 4096)
+    ratio_big = model.predict_us(near, big) / model.predict_us(t, big)
+    ratio_small = model.predict_us(near, small) / model.predict_us(t, small)
+    assert ratio_big < 1.01 * SWITCH_MARGIN * ratio_small
+    assert Dispatcher.for_shape(record, near) == big
 
 
 def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):

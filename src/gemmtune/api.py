@@ -11,7 +11,8 @@
 A bucket's record keeps every config its tune timed. For a shape of the bucket other than the
 one tuned, the choice among them is re-made for that shape: each measured time scaled by the
 ranking model's predicted ratio between the two shapes (wave quantization and tile fit change
-within a bucket; the measurement keeps what the model gets wrong about the config itself).
+within a bucket; the measurement keeps what the model gets wrong about the config itself); a
+runner-up replaces the winner only when it is clearly faster (`SWITCH_MARGIN`).
 Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket it wins is served
 by torch.matmul.
 
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import tvm_ffi  # noqa: F401  our kernels' launch runtime: loaded with gemmtune, not at a first call
 
 from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key
 from gemmtune.cache.results import ResultsCache, TunedRecord
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 MODE_ENV = "GEMMTUNE_MODE"
 MODES = ("tune", "cache-only", "heuristic", "off")
 CUBLAS_ENV = "GEMMTUNE_CUBLAS"
+# how much faster, scaled to a shape, a bucket's runner-up must be than its winner to replace it:
+# the runners-up were not all timed side by side, and the model's ratios are rough
+SWITCH_MARGIN = 1.05
 
 
 def cublas_candidate() -> bool:
@@ -135,7 +140,12 @@ class Dispatcher:
                 config = GemmConfig.from_key(name)
                 return ms * model.predict_us(problem, config) / model.predict_us(tuned, config)
 
-            choice = min(measured, key=scaled_ms)[0]
+            fastest = min(measured, key=scaled_ms)
+            # another config must win by more than the noise in the measured times
+            if scaled_ms(fastest) * SWITCH_MARGIN < scaled_ms(measured[0]):
+                choice = fastest[0]
+            else:
+                choice = record.config
         return None if choice == CUBLAS else GemmConfig.from_key(choice)
 
     def _tune(self, problem: GemmProblem, key: str) -> GemmConfig | None:
