@@ -148,6 +148,18 @@ class Dispatcher:
                 choice = record.config
         return None if choice == CUBLAS else GemmConfig.from_key(choice)
 
+    def tune(self, problem: GemmProblem, **options) -> object:
+        """Tune `problem` now (whatever the cache holds), store the result for its bucket and
+        return the `TuneResult`; `options` go to `tuner.tune` (top_k, exhaustive, ...)."""
+        if not problem.supported:
+            raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
+        key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
+        result = self._default_tuner(problem, **options)
+        if result.best is not None or result.backend == CUBLAS:
+            self._results().store(key, record_of(result))
+        self.plans.clear()  # plans made before may have used what this result replaces
+        return result
+
     def _tune(self, problem: GemmProblem, key: str) -> GemmConfig | None:
         tuner = self.tuner or self._default_tuner
         result = tuner(problem)
@@ -159,10 +171,11 @@ class Dispatcher:
         log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
         return None if record.config == CUBLAS else GemmConfig.from_key(record.config)
 
-    def _default_tuner(self, problem: GemmProblem):
+    def _default_tuner(self, problem: GemmProblem, **options):
         from gemmtune.tuner import tune
 
-        return tune(problem, kernel_dir=self._kernels(problem).folder, cublas=cublas_candidate())
+        options.setdefault("cublas", cublas_candidate())
+        return tune(problem, kernel_dir=self._kernels(problem).folder, **options)
 
     @staticmethod
     def _first_choice(problem: GemmProblem) -> GemmConfig:

@@ -172,6 +172,43 @@ class GemmProblem:
         )
 
     @classmethod
+    def of_shape(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        l: int | None = None,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
+        layout: str = "tn",
+        out_major: str = "n",
+        device: torch.device | int | str = "cuda",
+        arch: Arch | None = None,
+    ) -> GemmProblem:
+        """The problem of `a @ b` for dense tensors of these sizes, without the tensors (to tune
+        ahead of time): `layout` names A then B, "t" for K-major (row-major a @ b is "tn"),
+        `out_major` "n" for a row-major output; `l` makes it a batch of `l` products."""
+        if len(layout) != 2 or set(layout) - {"t", "n"}:
+            raise ValueError(f"layout {layout!r}: use tn, nn, nt or tt (A then B, t = K-major)")
+        if out_major not in ("n", "m"):
+            raise ValueError(f"out_major {out_major!r}: use n (row-major) or m (column-major)")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device() if arch is None else 0)
+        lead = () if l is None else (l,)
+
+        def operand(rows: int, cols: int, rows_contiguous: bool, dt: torch.dtype) -> Operand:
+            stride = (1, rows) if rows_contiguous else (cols, 1)
+            batch = (rows * cols,) if lead else ()
+            return Operand((*lead, rows, cols), (*batch, *stride), dt, device, 1 << 20)
+
+        a = operand(m, k, layout[0] == "n", dtype)
+        b = operand(k, n, layout[1] == "t", dtype)
+        out = operand(m, n, out_major == "m", out_dtype or dtype)
+        return cls.from_operands(a, b, out, arch=arch)
+
+    @classmethod
     def from_operands(
         cls,
         a: Operand,
