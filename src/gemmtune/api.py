@@ -102,7 +102,7 @@ class Dispatcher:
 
     # -- choosing a config ------------------------------------------------------------------
 
-    def _results(self) -> ResultsCache:
+    def results_cache(self) -> ResultsCache:
         if self.results is None:
             self.results = ResultsCache()
         return self.results
@@ -111,7 +111,7 @@ class Dispatcher:
         """The config `mode` picks for a supported problem; None when torch.matmul won."""
         if mode in ("tune", "cache-only"):
             key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
-            record = self._results().lookup(key)
+            record = self.results_cache().lookup(key)
             if record is not None:
                 return self.for_shape(record, problem)
             if mode == "tune":
@@ -156,7 +156,7 @@ class Dispatcher:
         key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
         result = self._default_tuner(problem, **options)
         if result.best is not None or result.backend == CUBLAS:
-            self._results().store(key, record_of(result))
+            self.results_cache().store(key, record_of(result))
         self.plans.clear()  # plans made before may have used what this result replaces
         return result
 
@@ -167,7 +167,7 @@ class Dispatcher:
             log.warning("tuning found no working kernel; using the ranking model's first choice")
             return self._first_choice(problem)
         record = record_of(result)
-        self._results().store(key, record)
+        self.results_cache().store(key, record)
         log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
         return None if record.config == CUBLAS else GemmConfig.from_key(record.config)
 
