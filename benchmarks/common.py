@@ -15,9 +15,10 @@ import gemmtune
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+SHAPES = Path(gemmtune.__file__).resolve().parent / "bench" / "shapes.json"  # the shape suite
 
 
-def load_shapes(path: Path = HERE / "shapes.json") -> list[dict]:
+def load_shapes(path: Path = SHAPES) -> list[dict]:
     return json.loads(path.read_text())["shapes"]
 
 

@@ -224,17 +224,17 @@ class Dispatcher:
         batch = a.shape[0] if a.dim() == 3 else 1
         return launch_args(plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch)
 
-    def __call__(
+    def plan(
         self,
         a: torch.Tensor,
         b: torch.Tensor,
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
-        mode: str | None = None,
-    ) -> torch.Tensor:
-        mode = resolve_mode(mode)
-        if mode == "off":
-            return fallback_matmul(a, b, out, out_dtype)
+        mode: str = "tune",
+    ) -> Plan | None:
+        """How `a @ b` is computed in `mode` (found once per tensor signature, tuning if the
+        mode says so): a `Plan`, whose `config` is None where torch.matmul won a tuning, or
+        None where our kernels do not serve the problem."""
         signature = (
             a.shape, a.stride(), a.dtype, a.device,
             b.shape, b.stride(), b.dtype,
@@ -253,6 +253,20 @@ class Dispatcher:
                     self.fallbacks_logged.add(reason.code)
                     log.info("gemmtune falls back to torch.matmul: %s", reason)
             self.plans[signature] = plan
+        return plan
+
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+        mode: str | None = None,
+    ) -> torch.Tensor:
+        mode = resolve_mode(mode)
+        if mode == "off":
+            return fallback_matmul(a, b, out, out_dtype)
+        plan = self.plan(a, b, out, out_dtype, mode)
         if plan is None or plan.function is None or _misaligned(a, b, out):
             return fallback_matmul(a, b, out, out_dtype)
         if out is None:
