@@ -119,3 +119,15 @@ def test_the_decorator_keeps_the_function_and_its_name():
     assert double(torch.ones(2), config=CONFIGS[0]).tolist() == [2.0, 2.0]
     with pytest.raises(ValueError, match="at least one config"):
         autotune(configs=[], key=["x"])(scaled)
+
+
+def test_the_output_argument_is_found_by_position_or_by_name(tmp_path):
+    def write(x, out, *, config):
+        out.copy_(x)
+
+    tuner = Autotuner(write, CONFIGS, key=["x"], output="out", benchmark=FakeBenchmark())
+    x = torch.ones(2)
+    assert tuner.output_location((x, x), {}) == 1
+    assert tuner.output_location((x,), {"out": x}) == "out"
+    with pytest.raises(TypeError, match="does not pass"):
+        tuner.output_location((x,), {})

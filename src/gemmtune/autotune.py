@@ -118,6 +118,16 @@ class Autotuner:
     def _cache_key(self, key: str, args: tuple, kwargs: dict) -> str:
         return f"autotune|{self.name}|{key}|{_environment(args, kwargs)}"
 
+    def output_location(self, args: tuple, kwargs: dict) -> int | str | None:
+        """Where this call's `output` argument is: its position among `args`, or its name
+        among `kwargs`."""
+        if not isinstance(self.output, str) or self.output in kwargs:
+            return self.output
+        names = list(self.signature.parameters)
+        if self.output in names and names.index(self.output) < len(args):
+            return names.index(self.output)
+        raise TypeError(f"autotune output names {self.output!r}, which this call does not pass")
+
     # -- calling ---------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -190,8 +200,9 @@ class Autotuner:
         """Each config verified, then timed: in a worker process when one can import the
         function (and the reference), else here."""
         device = _device_of(args, kwargs)
+        output = self.output_location(args, kwargs)
         spec = CallableSpec(
-            self.fn, args, kwargs, self.config_arg, self.reference, self.output, device.index or 0
+            self.fn, args, kwargs, self.config_arg, self.reference, output, device.index or 0
         )
         paths = (import_path(self.fn), import_path(self.reference) if self.reference else "")
         jobs = [CallableJob(c, self.warmup_ms, self.runs) for c in configs]
