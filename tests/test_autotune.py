@@ -131,3 +131,21 @@ def test_the_output_argument_is_found_by_position_or_by_name(tmp_path):
     assert tuner.output_location((x,), {"out": x}) == "out"
     with pytest.raises(TypeError, match="does not pass"):
         tuner.output_location((x,), {})
+
+
+def test_functions_of_a_script_without_a_main_guard_are_timed_in_process(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    for source, isolated in [("x = 1\n", False), ('if __name__ == "__main__":\n    x = 1\n', True)]:
+        script = tmp_path / "script.py"
+        script.write_text(source)
+        main = types.ModuleType("__main__")
+        main.__file__ = str(script)
+        monkeypatch.setitem(sys.modules, "__main__", main)
+
+        def user_kernel(x, *, config):
+            return x
+
+        user_kernel.__module__, user_kernel.__qualname__ = "__main__", "user_kernel"
+        assert (import_path(user_kernel) is not None) is isolated

@@ -6,12 +6,12 @@
 The first call for a key value times the function at every config (after `prune`), with the
 benchmark `tune` uses: each config's output checked against `reference` first (a wrong or
 failing config is never chosen), CUDA events after warm-up, cold L2, median. It runs in a
-separate worker process when the function can be imported there by name (a module-level
-function of an importable module or script), so a config that faults on the GPU costs the
-worker, not the caller; else in this process. The winner is kept in memory and in the results
-cache that `tuned_gemm` uses (SQLite, keyed by the function, the key's values, the GPU and the
-versions), so the next process does not tune again. Compiled kernels are the wrapper's to keep
-(a dictionary from config to compiled kernel, say).
+separate worker process when the function can be imported there by name (a module-level function
+of an importable module, or of a script with an `if __name__ == "__main__":` guard), so a config
+that faults on the GPU costs the worker, not the caller; else in this process. The winner is
+kept in memory and in the results cache that `tuned_gemm` uses (SQLite, keyed by the function,
+the key's values, the GPU and the versions), so the next process does not tune again. Compiled
+kernels are the wrapper's to keep (a dictionary from config to compiled kernel, say).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,9 +51,22 @@ def import_path(fn: Callable) -> str | None:
     module = getattr(fn, "__module__", None)
     if not module or "<" in qualname:  # lambdas and functions defined inside functions
         return None
-    if module == "__main__" and not getattr(sys.modules["__main__"], "__file__", None):
-        return None  # an interactive session: a worker cannot import it
+    if module == "__main__" and not _guarded_script(
+        getattr(sys.modules["__main__"], "__file__", None)
+    ):
+        # an interactive session cannot be imported; a script without the guard would run its
+        # top level again in the worker (and tune again there, and again ...)
+        return None
     return f"{module}:{qualname}"
+
+
+def _guarded_script(path: str | None) -> bool:
+    """True when `path` is a script with an `if __name__ == "__main__":` guard."""
+    try:
+        source = Path(path).read_text() if path else ""
+    except OSError:
+        return False
+    return re.search(r"""if\s+__name__\s*==\s*['"]__main__['"]""", source) is not None
 
 
 class Autotuner:
@@ -212,7 +227,11 @@ class Autotuner:
 
             spec.function, spec.reference = paths[0], paths[1] or None
             spec.args, spec.kwargs = to_cpu(args), to_cpu(kwargs)
-            with BenchWorker(CALLABLE_RUNNER, run_timeout_s=self.run_timeout_s) as worker:
+            in_main = any(p.startswith("__main__:") for p in paths if p)
+            worker = BenchWorker(
+                CALLABLE_RUNNER, run_timeout_s=self.run_timeout_s, import_main=in_main
+            )
+            with worker:
                 worker.setup(spec)
                 return [worker.measure(job, repr(job.config)) for job in bar]
         if self.isolate:

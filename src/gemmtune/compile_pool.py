@@ -20,6 +20,7 @@ from pathlib import Path
 from gemmtune.cache.kernels import kernel_file_name, write_atomically
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.processes import main_script_hidden
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def compile_iter(
     if not jobs:
         return
     pool = _pool(jobs, target, workers)
-    futures = {pool.submit(_compile_one, *_args(job), str(out_dir)): job for job in jobs}
+    with main_script_hidden():  # processes start as jobs are submitted
+        futures = {pool.submit(_compile_one, *_args(job), str(out_dir)): job for job in jobs}
     rounds = -(-len(jobs) // pool._max_workers)
     hung = False
     try:
@@ -126,5 +128,5 @@ def inspect_all(
     jobs: list[CompileJob], *, target: str = "sm_90a", workers: int | None = None
 ) -> list:
     """`kernels.build.inspect_gemm` for every job, in parallel, in job order."""
-    with _pool(jobs, target, workers) as pool:
+    with _pool(jobs, target, workers) as pool, main_script_hidden():
         return list(pool.map(_inspect_one, *zip(*(_args(job) for job in jobs), strict=True)))

@@ -1,6 +1,9 @@
 """The benchmark worker survives crashes, hangs and CUDA faults of the candidates it runs."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +63,28 @@ def test_tolerance_depends_on_the_output_dtype():
     poisoned[3, 5] = math.nan
     assert relative_error(poisoned, ref) == math.inf
     assert not check(poisoned, ref)[0]
+
+
+UNGUARDED_SCRIPT = """
+import sys
+sys.path.insert(0, {bench!r})
+from gemmtune.bench.runner import RunJob
+from gemmtune.bench.worker import BenchWorker
+from gemmtune.config import GemmConfig
+
+# no `if __name__ == "__main__":` guard, as in many users' scripts
+with BenchWorker("fake_runner:ReliableRunner") as worker:
+    worker.setup(None)
+    print("measured", worker.measure(RunJob(GemmConfig().to_json(), "unused.o"), "k").ms)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_script_without_a_main_guard_is_not_run_again_by_the_worker(tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(UNGUARDED_SCRIPT.format(bench=str(Path(__file__).parent)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("measured") == 1

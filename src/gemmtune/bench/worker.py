@@ -12,6 +12,7 @@ The runner is named by an import path ("module:Class"), so tests can swap in the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -19,6 +20,7 @@ import os
 from typing import Any
 
 from gemmtune.bench.runner import CompareJob, Measurement, RunJob
+from gemmtune.processes import main_script_hidden
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,10 @@ class BenchWorker:
         setup_timeout_s: float = 120.0,
         run_timeout_s: float = 60.0,
         env: dict[str, str] | None = None,
+        import_main: bool = False,
     ):
         self.runner = runner
+        self.import_main = import_main  # the runner needs a function of the main script
         self.setup_timeout_s = setup_timeout_s
         self.run_timeout_s = run_timeout_s
         self.env = env or {}
@@ -92,7 +96,8 @@ class BenchWorker:
         self.process = context.Process(
             target=_serve, args=(child, self.runner, self.env), daemon=True
         )
-        self.process.start()
+        with contextlib.nullcontext() if self.import_main else main_script_hidden():
+            self.process.start()
         child.close()
 
     def _kill(self) -> None:
