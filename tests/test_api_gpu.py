@@ -144,6 +144,8 @@ def test_examples_run(tmp_path, script, args):
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "found no working kernel" not in done.stderr
+    assert ResultsCache(tmp_path / "results.sqlite").items()  # the tuning was stored
     if script == "pretune_model_shapes.py":
         assert (tmp_path / "pretuned-gemms.json").exists()
     if script == "custom_kernel_decorator.py":
