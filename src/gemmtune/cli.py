@@ -438,6 +438,36 @@ def _bench_one(shape: dict, dtype_name: str, mode: str, runs: int, flush) -> dic
     }
 
 
+def _results_document(rows: list[dict], args: argparse.Namespace) -> dict:
+    """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
+    import datetime
+    import importlib.metadata as metadata
+
+    import torch
+
+    import gemmtune
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "what": "kernel",
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "versions": {
+            "gemmtune": gemmtune.__version__,
+            "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "date": datetime.date.today().isoformat(),
+        "method": (
+            f"gemmtune bench --mode {args.mode}: tuned_gemm against torch.matmul, side by side "
+            f"with CUDA events after warm-up, L2 flushed before every run, median of "
+            f"{args.runs} runs each, {args.dtype} torch.randn inputs"
+        ),
+        "rows": [{**row, "mode": args.mode} for row in rows],
+    }
+
+
 def _bench(args: argparse.Namespace) -> int:
     try:
         shapes = load_shape_suite(args.shapes)
@@ -489,7 +519,7 @@ def _bench(args: argparse.Namespace) -> int:
             print(_bench_line(cells), flush=True)
         torch.cuda.empty_cache()
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(_results_document(rows, args), indent=1))
     else:
         ratios = [r["ratio"] for r in rows if "ratio" in r]
         if ratios:
