@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemmtune import api, cli
+from gemmtune import api
+from gemmtune.bench.suite import load_shape_suite, plan_config
 from gemmtune.cache.results import ResultsCache, TunedRecord
-from gemmtune.cli import load_shape_suite, main, parse_shape
+from gemmtune.cli import main, parse_shape
 from gemmtune.config import GemmConfig
 from gemmtune.device import Arch
 from gemmtune.problem import GemmProblem
@@ -353,8 +354,8 @@ def test_bench_plan_config(monkeypatch):
     head = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, None, None)
     config = GemmConfig()
     monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): api.Plan(None, (), config)})
-    assert cli._plan_config(a, b, "tune") == config.key
+    assert plan_config(a, b, "tune") == config.key
     monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): None})  # not ours to serve
-    assert cli._plan_config(a, b, "tune") == "cublas"
+    assert plan_config(a, b, "tune") == "cublas"
     monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): api.Plan(None, (), None)})
-    assert cli._plan_config(a, b, "tune") == "cublas"
+    assert plan_config(a, b, "tune") == "cublas"

@@ -11,7 +11,6 @@ gemmtune cache show|clear|export|import
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import re
@@ -19,7 +18,6 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 from gemmtune import doctor
@@ -351,32 +349,6 @@ def _cache(args: argparse.Namespace) -> int:
 # -- bench --------------------------------------------------------------------------------------
 
 
-def load_shape_suite(path: Path | str | None = None) -> list[dict]:
-    """The shape suite: `{"note": ..., "shapes": [{"name", "m", "n", "k"}, ...]}`, from `path`
-    or, by default, the one shipped with gemmtune (`gemmtune/bench/shapes.json`)."""
-    if path is None:
-        text = resources.files("gemmtune.bench").joinpath("shapes.json").read_text()
-    else:
-        text = Path(path).read_text()
-    data = json.loads(text)
-    shapes = data["shapes"] if isinstance(data, dict) else data
-    for i, shape in enumerate(shapes):
-        missing = {"m", "n", "k"} - set(shape)
-        if missing:
-            raise ValueError(f"shape {i} lacks {', '.join(sorted(missing))}")
-        shape.setdefault("name", f"{shape['m']}x{shape['n']}x{shape['k']}")
-    return shapes
-
-
-def _plan_config(a, b, mode: str) -> str:
-    """The config tuned_gemm's plan for (a, b) uses: its key, or "cublas" for torch.matmul."""
-    from gemmtune.api import DISPATCHER
-    from gemmtune.config import CUBLAS
-
-    plan = DISPATCHER.plan(a, b, mode=mode)
-    return CUBLAS if plan is None or plan.config is None else plan.config.key
-
-
 _BENCH_COLUMNS = (
     ("shape", 20, "<"),
     ("m", 6, ">"),
@@ -399,76 +371,9 @@ def _bench_line(cells: Sequence[str]) -> str:
     return "  ".join(parts).rstrip()
 
 
-def _bench_one(shape: dict, dtype_name: str, mode: str, runs: int, flush) -> dict:
-    import torch
-
-    from gemmtune.api import tuned_gemm
-    from gemmtune.bench.timing import time_side_by_side
-    from gemmtune.bench.verify import check
-
-    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    dtype = _dtype(dtype_name)
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
-    tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
-    ok, err = check(tuned_gemm(a, b, mode=mode), torch.matmul(a.float(), b.float()))
-    config = _plan_config(a, b, mode)
-    ours, cublas = time_side_by_side(
-        [functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch.matmul, a, b)],
-        runs=runs,
-        flush=flush,
-    )
-    flops = 2 * m * n * k
-    return {
-        "shape": shape["name"],
-        "m": m,
-        "n": n,
-        "k": k,
-        "l": 1,
-        "dtype": dtype_name,
-        "layout": "tn",
-        "config": config,
-        "ours_ms": ours.median_ms,
-        "cublas_ms": cublas.median_ms,
-        "ratio": cublas.median_ms / ours.median_ms,
-        "ours_tflops": _tflops(flops, ours.median_ms),
-        "cublas_tflops": _tflops(flops, cublas.median_ms),
-        "rel_err": _num(err),
-        "correct": ok,
-    }
-
-
-def _results_document(rows: list[dict], args: argparse.Namespace) -> dict:
-    """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
-    import datetime
-    import importlib.metadata as metadata
-
-    import torch
-
-    import gemmtune
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return {
-        "what": "kernel",
-        "gpu": props.name,
-        "sms": props.multi_processor_count,
-        "versions": {
-            "gemmtune": gemmtune.__version__,
-            "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        },
-        "date": datetime.date.today().isoformat(),
-        "method": (
-            f"gemmtune bench --mode {args.mode}: tuned_gemm against torch.matmul, side by side "
-            f"with CUDA events after warm-up, L2 flushed before every run, median of "
-            f"{args.runs} runs each, {args.dtype} torch.randn inputs"
-        ),
-        "rows": [{**row, "mode": args.mode} for row in rows],
-    }
-
-
 def _bench(args: argparse.Namespace) -> int:
+    from gemmtune.bench.suite import compare_with_cublas, load_shape_suite, results_document
+
     try:
         shapes = load_shape_suite(args.shapes)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -491,7 +396,7 @@ def _bench(args: argparse.Namespace) -> int:
     rows, failed = [], 0
     for shape in shapes:
         try:
-            row = _bench_one(shape, args.dtype, args.mode, args.runs, flush)
+            row = compare_with_cublas(shape, args.dtype, args.mode, args.runs, flush)
         except Exception as exc:  # one shape's failure must not lose the others
             failed += 1
             print(
@@ -519,7 +424,7 @@ def _bench(args: argparse.Namespace) -> int:
             print(_bench_line(cells), flush=True)
         torch.cuda.empty_cache()
     if args.json:
-        print(json.dumps(_results_document(rows, args), indent=1))
+        print(json.dumps(results_document(rows, args.mode, args.runs, args.dtype), indent=1))
     else:
         ratios = [r["ratio"] for r in rows if "ratio" in r]
         if ratios:
