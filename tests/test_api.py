@@ -151,3 +151,24 @@ def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
     ((_, record),) = d.results.items()
     assert record.config == CUBLAS and record.runners_up[0] == (TUNED.key, 0.21)
     assert d.config_for(problem(4000, 4000, 4000), "cache-only") is None
+
+
+def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
+    """Finalists are re-timed side by side over many runs, which on a warm GPU reads slower
+    than the short first timings: a non-finalist's first timing must not outrank them."""
+    from gemmtune.api import record_of
+
+    fast_first = GemmConfig(tile_m=64, tile_n=64)
+    results = [
+        CandidateResult(TUNED, 1.0, 0.20, 1e-3, final_ms=0.22),
+        CandidateResult(GemmConfig(), 2.0, 0.21, 1e-3, final_ms=0.23),
+        CandidateResult(fast_first, 3.0, 0.19, 1e-3),  # not a finalist
+    ]
+    result = TuneResult(problem(4096, 4096, 4096), TUNED, 0.22, 1e-3, results, 100, 3, 1, 1, 3)
+    record = record_of(result)
+    assert record.config == TUNED.key and record.ms == 0.22
+    assert record.runners_up == ((GemmConfig().key, 0.23), (fast_first.key, 0.19))
+    result.cublas_ms = 0.225  # cuBLAS was timed beside the finalists: second here
+    assert record_of(result).runners_up[0] == ("cublas", 0.225)
+    result.cublas_ms = 0.21
+    assert record_of(result).config == "cublas"

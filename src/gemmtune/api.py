@@ -277,12 +277,19 @@ class Dispatcher:
 
 
 def record_of(result) -> TunedRecord:
-    """What the results cache keeps of a `TuneResult`: every timed config (and torch.matmul),
-    fastest first, at its side-by-side time where it has one."""
-    timed = [(r.config.key, r.final_ms or r.ms) for r in result.results if r.ok]
+    """What the results cache keeps of a `TuneResult`: its winner first, then the other
+    finalists at their side-by-side times (comparable with the winner's), then the rest at
+    their first, shorter timings (which run faster than a long side-by-side on a warm GPU, so
+    they are never ranked against the finalists)."""
+    ok = [r for r in result.results if r.ok]
+    final = [(r.config.key, r.final_ms) for r in ok if r.final_ms is not None]
     if result.cublas_ms is not None:
-        timed.append((CUBLAS, result.cublas_ms))
-    timed.sort(key=lambda entry: entry[1])
+        final.append((CUBLAS, result.cublas_ms))
+    rest = sorted(((r.config.key, r.ms) for r in ok if r.final_ms is None), key=lambda e: e[1])
+    timed = sorted(final, key=lambda entry: entry[1]) + rest
+    winner = CUBLAS if result.backend == CUBLAS else result.best.key
+    first = next(i for i, (key, _) in enumerate(timed) if key == winner)
+    timed.insert(0, timed.pop(first))
     cublas = f", torch.matmul {result.cublas_ms:.4f} ms" if result.cublas_ms else ""
     p = result.problem
     return TunedRecord(

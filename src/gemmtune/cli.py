@@ -130,7 +130,8 @@ def _tune_report(result, gpu: str) -> dict:
     def rank(r) -> float:
         return r.final_ms or r.ms
 
-    timed = sorted((r for r in result.results if r.ok), key=rank)
+    # finalists (timed side by side) first: their times are comparable with each other only
+    timed = sorted((r for r in result.results if r.ok), key=lambda r: (r.final_ms is None, rank(r)))
     failed = [r for r in result.results if not r.ok]
     rows = [
         {
