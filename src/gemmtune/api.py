@@ -89,7 +89,7 @@ class Dispatcher:
         self,
         results: ResultsCache | None = None,
         policy: BucketPolicy | None = None,
-        tuner: Callable[[GemmProblem], object] | None = None,
+        tuner: Callable[..., object] | None = None,
         environment: Callable[[int], Environment] = current_environment,
     ):
         self.results = results
@@ -110,7 +110,7 @@ class Dispatcher:
     def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
         """The config `mode` picks for a supported problem; None when torch.matmul won."""
         if mode in ("tune", "cache-only"):
-            key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
+            key = self._bucket_key(problem)
             record = self.results_cache().lookup(key)
             if record is not None:
                 return self.for_shape(record, problem)
@@ -148,28 +148,33 @@ class Dispatcher:
                 choice = record.config
         return None if choice == CUBLAS else GemmConfig.from_key(choice)
 
+    def _bucket_key(self, problem: GemmProblem) -> str:
+        return bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
+
     def tune(self, problem: GemmProblem, **options) -> object:
         """Tune `problem` now (whatever the cache holds), store the result for its bucket and
         return the `TuneResult`; `options` go to `tuner.tune` (top_k, exhaustive, ...)."""
         if not problem.supported:
             raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
-        key = bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
-        result = self._default_tuner(problem, **options)
-        if result.best is not None or result.backend == CUBLAS:
-            self.results_cache().store(key, record_of(result))
+        result = self._tune_and_store(problem, self._bucket_key(problem), **options)
         self.plans.clear()  # plans made before may have used what this result replaces
         return result
 
+    def _tune_and_store(self, problem: GemmProblem, key: str, **options):
+        """Run the tuner; store its winner (a kernel, or torch.matmul) under `key`."""
+        result = (self.tuner or self._default_tuner)(problem, **options)
+        if result.best is not None or result.backend == CUBLAS:
+            record = record_of(result)
+            self.results_cache().store(key, record)
+            log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
+        return result
+
     def _tune(self, problem: GemmProblem, key: str) -> GemmConfig | None:
-        tuner = self.tuner or self._default_tuner
-        result = tuner(problem)
+        result = self._tune_and_store(problem, key)
         if result.best is None and result.backend != CUBLAS:
             log.warning("tuning found no working kernel; using the ranking model's first choice")
             return self._first_choice(problem)
-        record = record_of(result)
-        self.results_cache().store(key, record)
-        log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
-        return None if record.config == CUBLAS else GemmConfig.from_key(record.config)
+        return None if result.backend == CUBLAS else result.best
 
     def _default_tuner(self, problem: GemmProblem, **options):
         from gemmtune.tuner import tune

@@ -17,8 +17,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmtune.cache.kernels import kernel_file_name, write_atomically
+from gemmtune.cache.kernels import kernel_file_name
 from gemmtune.config import GemmConfig
+from gemmtune.files import write_atomically
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.processes import main_script_hidden
 

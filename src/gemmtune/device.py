@@ -10,12 +10,12 @@ import enum
 import functools
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from gemmtune.files import write_atomically
 from gemmtune.settings import cache_dir
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ def max_active_clusters(cluster_size: int, device_index: int) -> int:
     path = cache_dir() / FACTS_FILE
     facts = _read_facts(path)
     if key not in facts:
-        facts = {**_read_facts(path), key: _query_max_active_clusters(cluster_size, device_index)}
-        _write_facts(path, facts)
+        facts[key] = _query_max_active_clusters(cluster_size, device_index)
+        _add_fact(path, key, facts[key])
     return int(facts[key])
 
 
@@ -121,7 +121,7 @@ def _query_max_active_clusters(cluster_size: int, device_index: int) -> int:
         return HardwareInfo().get_max_active_clusters(cluster_size)
 
 
-def _read_facts(path) -> dict:
+def _read_facts(path: Path) -> dict:
     try:
         facts = json.loads(path.read_text())
     except FileNotFoundError:
@@ -132,13 +132,14 @@ def _read_facts(path) -> dict:
     return facts if isinstance(facts, dict) else {}
 
 
-def _write_facts(path, facts: dict) -> None:
-    """Replace the file in one rename: readers see the old or the new facts, never a part."""
+def _add_fact(path: Path, key: str, value: int) -> None:
+    """Add one fact to the file, merged under its lock with what other processes wrote."""
+
+    def write(temporary: Path) -> None:
+        facts = {**_read_facts(path), key: value}
+        temporary.write_text(json.dumps(facts, indent=1, sort_keys=True))
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as file:
-            json.dump(facts, file, indent=1, sort_keys=True)
-        os.replace(temporary, path)
+        write_atomically(path, write)
     except OSError as exc:  # a read-only cache costs a query per process, nothing more
         log.warning("cannot write %s (%s)", path, exc)

@@ -38,24 +38,23 @@ def resolve(target: str | Callable) -> Callable:
     return getattr(found, "fn", found)
 
 
-def to_device(value: Any, device: torch.device) -> Any:
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` with `fn` applied to every tensor in it (through lists, tuples and dicts)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return fn(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
+        return type(value)(map_tensors(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return {k: map_tensors(v, fn) for k, v in value.items()}
     return value
+
+
+def to_device(value: Any, device: torch.device) -> Any:
+    return map_tensors(value, lambda t: t.to(device))
 
 
 def to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda t: t.detach().cpu())
 
 
 @dataclass

@@ -17,16 +17,12 @@ import functools
 import hashlib
 import importlib.metadata as metadata
 import logging
-import os
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-from filelock import FileLock
 
 import gemmtune
 from gemmtune.config import GemmConfig
+from gemmtune.files import write_atomically
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.settings import cache_dir
 
@@ -57,23 +53,6 @@ def kernel_file_name(config: GemmConfig, signature: KernelSignature) -> str:
     from gemmtune.kernels.build import artifact_suffix
 
     return f"{config.compile_key}__{signature.key}{artifact_suffix()}"
-
-
-def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write` on a temporary file beside `path`, then rename it into place, holding the
-    path's lock, so that readers never see a partial file and writers never interleave."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        fd, temporary = tempfile.mkstemp(
-            dir=path.parent, prefix=path.stem + ".", suffix=".tmp" + path.suffix
-        )
-        os.close(fd)
-        try:
-            write(Path(temporary))
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
 
 
 class KernelCache:

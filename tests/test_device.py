@@ -1,0 +1,25 @@
+"""The device facts kept on disk: queried once per GPU model, then read by every process."""
+
+import json
+
+from gemmtune import device
+from gemmtune.device import DeviceInfo
+
+
+def test_max_active_clusters_is_queried_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMTUNE_CACHE_DIR", str(tmp_path))
+    info = DeviceInfo(0, "NVIDIA H200", (9, 0), 132, 60 << 20, 141 << 30)
+    monkeypatch.setattr(device, "device_info", lambda index: info)
+    queries = []
+    monkeypatch.setattr(
+        device,
+        "_query_max_active_clusters",
+        lambda size, index: queries.append(size) or 132 // size,
+    )
+    device.max_active_clusters.cache_clear()
+    assert device.max_active_clusters(1, 0) == 132 and device.max_active_clusters(2, 0) == 66
+    facts = json.loads((tmp_path / device.FACTS_FILE).read_text())
+    assert facts == {"NVIDIA H200|132|1": 132, "NVIDIA H200|132|2": 66}
+    device.max_active_clusters.cache_clear()  # a new process
+    assert device.max_active_clusters(2, 0) == 66 and queries == [1, 2]
+    device.max_active_clusters.cache_clear()
