@@ -76,7 +76,9 @@ DECOMPOSED = [
     GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2, decomposition="stream_k"),
     GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", decomposition="stream_k"),
     GemmConfig(tile_m=128, tile_n=128, decomposition="split_k", splits=2),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, decomposition="split_k", splits=2),
     GemmConfig(tile_m=128, tile_n=256, decomposition="split_k", splits=2),
+    GemmConfig(tile_m=128, tile_n=256, cluster_m=2, decomposition="split_k", splits=2),
     GemmConfig(tile_m=64, tile_n=128, schedule="pingpong", decomposition="split_k", splits=2),
     GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", decomposition="split_k", splits=2),
 ]

@@ -80,15 +80,30 @@ def test_split_k_items_and_slots():
     s = SplitKSchedule(g, k_tiles=10, grid_clusters=132, splits=4)
     items = s.items(4) + s.items(5) + s.items(6) + s.items(7)
     assert items == [
-        WorkItem(1, 0, 3, 0, 4, 4, 4, 1, 3),
-        WorkItem(1, 3, 6, 1, 4, 5, 4, 1, 3),
-        WorkItem(1, 6, 8, 2, 4, 6, 4, 1, 3),
-        WorkItem(1, 8, 10, 3, 4, 7, 4, 1, 3),
+        WorkItem(1, 0, 3, 0, 4, 4, 4, 1, -1),
+        WorkItem(1, 3, 6, 1, 4, 5, 4, 1, -1),
+        WorkItem(1, 6, 8, 2, 4, 6, 4, 1, -1),
+        WorkItem(1, 8, 10, 3, 4, 7, 4, 1, -1),
     ]
+    # every split publishes, then reduces and writes a share
+    assert all(it.scattered and it.publishes and it.writes for it in items)
     assert (s.partial_slots, s.counters) == (64, 16)
     assert s.workspace_bytes == 64 * 128 * 128 * 4 + 16 * 4
     # more splits than k-tiles: the extra splits are dropped
     assert SplitKSchedule(g, 3, 132, splits=16).effective_splits == 3
+
+
+def test_split_k_grid_holds_whole_rounds_of_splits():
+    g = TileGrid(m=4096, n=4096, l=1, tile_m=128, tile_n=128)  # 1024 units
+    s = make_schedule("split_k", g, 64, 132, splits=16)
+    assert s.grid_clusters == 128  # 8 units' splits a round, not 132
+    s = make_schedule("split_k", g, 64, 132, splits=3)
+    assert s.grid_clusters == 132
+    # more splits than resident clusters: cut to what is resident
+    s = make_schedule("split_k", g, 64, 5, splits=16)
+    assert (s.effective_splits, s.grid_clusters) == (5, 5)
+    few = make_schedule("split_k", TileGrid(256, 256, 1, 128, 128), 64, 132, splits=16)
+    assert few.grid_clusters == 4 * 16
 
 
 def test_stream_k_hybrid_regions():
@@ -111,20 +126,28 @@ def test_stream_k_hybrid_regions():
 
 
 def simulate(schedule):
-    """Run every cluster's items in order; an owner waits until every other segment of its
-    unit is done. Fails on deadlock; returns the items in completion order."""
+    """Run every cluster's items in order. An item publishes its partial sums when its cluster
+    reaches it; an owner then waits until every other segment of its unit has published, a
+    scattered segment until all of them have. Fails on deadlock; returns the items in
+    completion order."""
     queues = {c: list(schedule.items(c)) for c in range(schedule.grid_clusters)}
-    done = defaultdict(int)
+    published = defaultdict(int)
+    waiting = set()  # id() of items that have published and wait
     finished = []
     while any(queues.values()):
         progressed = False
         for queue in queues.values():
             while queue:
                 item = queue[0]
-                if item.shared and item.writes and done[item.unit] < item.segments - 1:
-                    break
+                if item.publishes and id(item) not in waiting:
+                    published[item.unit] += 1
+                    waiting.add(id(item))
+                    progressed = True
+                if item.writes and item.shared:
+                    needed = item.segments if item.scattered else item.segments - 1
+                    if published[item.unit] < needed:
+                        break
                 queue.pop(0)
-                done[item.unit] += not item.writes
                 finished.append(item)
                 progressed = True
         assert progressed, "deadlock: every cluster waits on another"
@@ -133,7 +156,8 @@ def simulate(schedule):
 
 def check_schedule(schedule):
     """Every k-tile of every unit computed exactly once; a shared unit's segments in k order
-    with distinct partial slots; one writer per unit; and no deadlock."""
+    with distinct partial slots; one writer per unit (it finishes last), or a share written by
+    every segment of a scattered unit; and no deadlock."""
     items = simulate(schedule)
     by_unit = defaultdict(list)
     for it in items:
@@ -143,8 +167,10 @@ def check_schedule(schedule):
     assert len(partial_slots) == len(set(partial_slots))
     assert all(0 <= s < schedule.partial_slots for s in partial_slots)
     for unit, unit_items in by_unit.items():
-        # the writer finishes last
-        assert unit_items[-1].writes and sum(it.writes for it in unit_items) == 1
+        if any(it.scattered for it in unit_items):
+            assert all(it.scattered and it.writes for it in unit_items)
+        else:
+            assert unit_items[-1].writes and sum(it.writes for it in unit_items) == 1
         unit_items.sort(key=lambda it: it.segment)
         covered = [k for it in unit_items for k in range(it.k_begin, it.k_end)]
         assert covered == list(range(schedule.k_tiles)), (unit, unit_items)
@@ -208,3 +234,16 @@ def test_the_suggestion_is_a_valid_schedule(grid, k_tiles, resident):
 def test_suggestions_on_known_shapes(m, n, k, expected):
     grid = TileGrid(m, n, 1, 128, 256)
     assert suggest_decomposition(grid, -(-k // 64), 132)[0] == expected
+
+
+def test_the_simulation_finds_a_deadlock():
+    # one cluster holding both splits of a unit publishes the first and waits for the second,
+    # which is queued behind it: what a grid smaller than the split count would do
+    class OneCluster:
+        grid_clusters = 1
+
+        def items(self, cluster):
+            return [WorkItem(0, 0, 1, 0, 2, 0, 0, 0, -1), WorkItem(0, 1, 2, 1, 2, 1, 0, 0, -1)]
+
+    with pytest.raises(AssertionError, match="deadlock"):
+        simulate(OneCluster())

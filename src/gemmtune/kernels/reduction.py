@@ -1,11 +1,17 @@
 """Summing the partial accumulators of a shared tile, deterministically.
 
-Several items (split-K splits, stream-K segments) compute parts of one output tile; one of them,
-the owner (`schedule_model.WorkItem`), writes it. Every other item writes its partial sums to
-its own workspace slot and counts itself in at the tile's arrival counter (an int32, 0 between
-launches) with release semantics; `publish_partial` does that. The owner waits until all have
-arrived, adds their partials to its accumulators in segment (k) order and resets the counter to
-0, so the next launch needs no memset; `gather_partials`. The owner and the order are fixed, so
+Several items (split-K splits, stream-K segments) compute parts of one output tile
+(`schedule_model.WorkItem`). Each item that publishes writes its partial sums to its own
+workspace slot and counts itself in at the tile's arrival counter (an int32, 0 between
+launches) with release semantics: `publish_partial`. Then either
+- one owner (stream-K) waits until all others have arrived, adds their partials to its
+  accumulators in segment (k) order, resets the counter and runs the epilogue:
+  `gather_partials`; or
+- every segment (split-K), once all have arrived, sums its share of the tile over all the
+  partials in segment order and writes it to the output; the last to leave resets the
+  counter: `reduce_share`. The reads are spread over the segments instead of falling on one
+  (an owner of 16 splits of a 128x256 tile reads 1.9 MB; a share is 128 KB).
+Counters end at 0, so the next launch needs no memset; the order of the additions is fixed, so
 the result never depends on timing.
 
 Partial tiles are stored in the accumulators' register order, interleaved by thread
@@ -108,3 +114,77 @@ def gather_partials(
                     partial,
                 )
                 sum_view.store(sum_view.load() + partial.load())
+
+
+#: blocks of four floats a thread sums at a time in `reduce_share`
+SHARE_GROUP = 4
+
+
+@cute.jit
+def reduce_share(
+    accumulators: cute.Tensor,
+    workspace: cute.Tensor,
+    counters: cute.Tensor,
+    first_slot: Int32,
+    slot_stride: cutlass.Constexpr,
+    counter: Int32,
+    segment: Int32,
+    segments: Int32,
+    thread: Int32,
+    threads: cutlass.Constexpr,
+    barrier: pipeline.NamedBarrier,
+    tCgC: cute.Tensor,
+    tCcC: cute.Tensor,
+    extent_mn: tuple,
+    out_dtype: cutlass.Constexpr,
+):
+    """Wait until all `segments` partials of the tile are published, then write this segment's
+    share of the tile: the accumulator blocks (four registers each) `balanced_range(segment)`
+    of every thread's, summed over the partials in segment order. A thread sums the blocks of
+    its own register positions, so its loads are coalesced with its neighbours' and `tCgC` /
+    `tCcC` (its partition of the output tile and of the tile's coordinates) say where each
+    value goes. The last segment to leave resets the counter."""
+    values = cute.size(accumulators)
+    blocks = values // 4
+    if thread == 0:
+        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+        while seen < segments:
+            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+    barrier.arrive_and_wait()
+    load = cute.make_copy_atom(
+        cute.nvgpu.CopyG2ROp(),
+        cutlass.Float32,
+        num_bits_per_copy=128,
+        load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,  # skip L1: other SMs wrote them
+    )
+    partials = _partials(workspace, values, threads)
+    q = blocks // segments
+    r = blocks - q * segments
+    begin = segment * q + cutlass.min(segment, r)
+    end = begin + q + Int32(segment < r)
+    sums = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
+    partial = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
+    out = cute.make_rmem_tensor((4,), out_dtype)
+    for first in range(begin, end, SHARE_GROUP):
+        sums.fill(0.0)
+        for j in range(segments):
+            source = partials[((None, None, thread), first_slot + j * slot_stride)]
+            for g in cutlass.range_constexpr(SHARE_GROUP):
+                if first + g < end:
+                    cute.copy(load, source[(None, first + g)], partial[(None, g)])
+            sums.store(sums.load() + partial.load())
+        for g in cutlass.range_constexpr(SHARE_GROUP):
+            if first + g < end:
+                out.store(sums[(None, g)].load().to(out_dtype))
+                for v in cutlass.range_constexpr(4):
+                    index = (first + g) * 4 + v
+                    coord = tCcC[index]
+                    if coord[0] < extent_mn[0] and coord[1] < extent_mn[1]:
+                        tCgC[index] = out[v]
+    barrier.arrive_and_wait()
+    if thread == 0:
+        left = cute.arch.atomic_add(
+            counters.iterator + counter, Int32(1), sem="relaxed", scope="gpu"
+        )
+        if left == 2 * segments - 1:
+            cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")

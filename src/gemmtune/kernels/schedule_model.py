@@ -98,14 +98,20 @@ def unit_coord(
 class WorkItem:
     """A range of k-tiles of one work unit that one cluster computes without interruption.
 
-    When several items share a unit (`segments` > 1), one of them, the `owner` segment, writes
-    the unit. Every other item writes its partial sums to its own workspace slot
-    (`partial_slot`; segment j's is `first_slot + j`) and counts itself in at the unit's
-    arrival counter. The owner waits until all have arrived, adds their partials to its own
-    accumulators in segment (k) order, resets the counter to 0 and runs the epilogue. The owner
-    is fixed and so is the order of the additions, so results never depend on timing. Owners
-    are chosen so that they wait only on items that never wait before them: the last split
-    (split-K), the first segment, computed at the end of its cluster's range (stream-K).
+    When several items share a unit (`segments` > 1), each writes its partial sums to its own
+    workspace slot (`partial_slot`; segment j's is `first_slot + j`) and counts itself in at
+    the unit's arrival counter, except an owner (below). The sums are then reduced in one of
+    two ways, both adding the partials in segment (k) order, so results never depend on timing:
+    - one owner (`owner` >= 0, stream-K): the owner segment publishes nothing; it waits until
+      every other segment has arrived, adds their partials to its accumulators, resets the
+      counter and writes the unit. Owners are chosen to wait only on items that never wait
+      before them: the first segment, computed at the end of its cluster's range.
+    - scattered (`owner` == -1, split-K): every segment publishes, waits until all have, then
+      reduces and writes its own share of the unit: the share of segment s is every block of
+      four accumulator registers whose index b has b % segments == s, so the reduction's reads
+      are spread over all the segments instead of falling on one. The segments must run at
+      the same time (`SplitKSchedule` sees to it); a second count of departures lets the last
+      one reset the counter.
     """
 
     unit: int
@@ -116,23 +122,32 @@ class WorkItem:
     partial_slot: int = -1  # -1 when the unit is not shared
     first_slot: int = -1
     counter: int = -1
-    owner: int = 0  # the segment that reduces and writes the unit
+    owner: int = 0  # the segment that reduces and writes the unit; -1: every segment, a share
 
     @property
     def shared(self) -> bool:
         return self.segments > 1
 
     @property
+    def scattered(self) -> bool:
+        return self.shared and self.owner < 0
+
+    @property
+    def publishes(self) -> bool:
+        """True for an item that writes its partial sums to the workspace."""
+        return self.shared and self.segment != self.owner
+
+    @property
     def writes(self) -> bool:
-        """True for the item that writes the unit's output."""
-        return self.segment == self.owner
+        """True for an item that writes (a share of) the unit's output."""
+        return self.scattered or self.segment == self.owner
 
 
 @dataclass(frozen=True)
 class Schedule(abc.ABC):
     """A decomposition of the work: which items each persistent cluster computes, in order.
 
-    `grid_clusters` must not exceed the clusters resident at once: owners wait on items of
+    `grid_clusters` must not exceed the clusters resident at once: items wait on items of
     other clusters, which therefore must all be running.
     """
 
@@ -213,16 +228,19 @@ class SplitKSchedule(Schedule):
     """Every unit's k-tiles are cut into `splits` near-equal ranges, each its own item.
 
     Items are numbered unit-major (the splits of a unit are consecutive) and handed out like
-    units in the data-parallel schedule. The last split owns the unit: it waits only on
-    lower-numbered items, so the schedule cannot deadlock. Splits beyond the number of k-tiles
-    are dropped.
+    units in the data-parallel schedule; their sums are reduced scattered (`WorkItem`). A split
+    waits on the other splits of its unit, so there are never more splits than clusters (a
+    cluster holding two splits of one unit would wait on itself); and the grid is a multiple of
+    the split count, so the splits of a unit fall in one round of the grid (items rG .. rG+G-1)
+    and run at the same time, rather than some waiting for others queued behind a round of
+    work. Splits beyond the number of k-tiles, or of resident clusters, are dropped.
     """
 
     splits: int = 2
 
     @property
     def effective_splits(self) -> int:
-        return max(1, min(self.splits, self.k_tiles))
+        return effective_splits(self.splits, self.k_tiles, self.grid_clusters)
 
     def items(self, cluster: int) -> list[WorkItem]:
         s = self.effective_splits
@@ -233,7 +251,7 @@ class SplitKSchedule(Schedule):
             if s == 1:
                 out.append(WorkItem(unit, k_begin, k_end))
             else:
-                out.append(WorkItem(unit, k_begin, k_end, split, s, item, unit * s, unit, s - 1))
+                out.append(WorkItem(unit, k_begin, k_end, split, s, item, unit * s, unit, -1))
         return out
 
     @property
@@ -243,6 +261,21 @@ class SplitKSchedule(Schedule):
     @property
     def counters(self) -> int:
         return self.grid.work_units if self.effective_splits > 1 else 0
+
+
+def effective_splits(splits: int, k_tiles: int, max_active_clusters: int) -> int:
+    """The split count split-K runs with: at least 1, at most one split per k-tile and per
+    resident cluster."""
+    return max(1, min(splits, k_tiles, max_active_clusters))
+
+
+def split_k_grid(work_units: int, splits: int, max_active_clusters: int) -> int:
+    """Clusters of a split-K grid: one per item, or the most resident clusters that hold a
+    whole number of units' splits."""
+    items = work_units * splits
+    if items <= max_active_clusters:
+        return items
+    return (max_active_clusters // splits) * splits
 
 
 @dataclass(frozen=True)
@@ -336,9 +369,9 @@ def make_schedule(
         "swizzle": swizzle,
     }
     if decomposition == "split_k":
-        items = grid.work_units * max(1, min(splits, k_tiles))
-        clusters = max(1, min(items, max_active_clusters))
-        return SplitKSchedule(grid_clusters=clusters, splits=splits, **common)
+        s = effective_splits(splits, k_tiles, max_active_clusters)
+        clusters = split_k_grid(grid.work_units, s, max_active_clusters)
+        return SplitKSchedule(grid_clusters=clusters, splits=s, **common)
     clusters = grid.grid_clusters(max_active_clusters)
     if decomposition == "stream_k":
         # stream-K keeps every resident cluster busy, even when there are fewer units

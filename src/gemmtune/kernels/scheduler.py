@@ -87,10 +87,15 @@ class TileScheduler:
         clusters_m = (tiles_m + cluster_shape_mn[0] - 1) // cluster_shape_mn[0]
         clusters_n = (tiles_n + cluster_shape_mn[1] - 1) // cluster_shape_mn[1]
         units = clusters_m * clusters_n * batches
-        effective_splits = cutlass.max(cutlass.min(splits, k_tiles), 1)
+        effective_splits = cutlass.max(
+            cutlass.min(cutlass.min(splits, k_tiles), max_active_clusters), 1
+        )
         dp_units = units
         if decomposition == "split_k":
-            grid = cutlass.max(cutlass.min(units * effective_splits, max_active_clusters), 1)
+            # `schedule_model.split_k_grid`
+            items = units * effective_splits
+            whole_rounds = (max_active_clusters // effective_splits) * effective_splits
+            grid = cutlass.max(_pick(Int32(items <= max_active_clusters), items, whole_rounds), 1)
         elif decomposition == "stream_k":
             grid = max_active_clusters
             tail = units - (units // grid) * grid
@@ -147,9 +152,9 @@ class TileScheduler:
             k_end = balanced_begin(split + 1, self.splits, self.k_tiles)
             next_position = position + self.grid_clusters
             first_slot = unit * self.splits
-            owner = self.splits - 1
+            scattered = Int32(-1)  # no owner: every split reduces a share
             return (
-                unit, k_begin, k_end, split, self.splits, position, first_slot, unit, owner,
+                unit, k_begin, k_end, split, self.splits, position, first_slot, unit, scattered,
                 next_position,
             )  # fmt: skip
         if self.decomposition == "stream_k":

@@ -132,10 +132,12 @@ class RankingModel:
             compute = ceil_div(units, resident) * (a * k_tiles + c)
             partial_bytes = 0
         elif config.decomposition is Decomposition.SPLIT_K:
-            splits = max(1, min(config.splits, k_tiles))
-            waves = ceil_div(units * splits, min(units * splits, resident))
-            # the busiest cluster: its items, each a split's k-tiles, one of them gathering
-            shared = (publish + gather * (splits - 1) / max(waves, 1)) if splits > 1 else 0.0
+            schedule = make_schedule("split_k", grid, k_tiles, resident, splits=config.splits)
+            splits = schedule.effective_splits
+            waves = ceil_div(units * splits, schedule.grid_clusters)
+            # the busiest cluster: its items, each a split's k-tiles; each split publishes its
+            # partial and reads a 1/splits share of every split's: one tile's worth
+            shared = (publish + gather) if splits > 1 else 0.0
             compute = waves * (a * ceil_div(k_tiles, splits) + c + shared)
             partial_bytes = 8 * units * splits * ctas * config.tile_m * config.tile_n
         else:

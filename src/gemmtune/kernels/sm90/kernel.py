@@ -25,7 +25,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.reduction import gather_partials, publish_partial
+from gemmtune.kernels.reduction import gather_partials, publish_partial, reduce_share
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
@@ -81,6 +81,8 @@ class HopperGemm:
         self.mcast_a = config.cluster_n  # an A tile is shared along the cluster's N
         self.mcast_b = config.cluster_m
         self.shares_tiles = config.decomposition is not Decomposition.DATA_PARALLEL
+        # split-K reduces scattered (every split writes a share), stream-K through an owner
+        self.scatters = config.decomposition is Decomposition.SPLIT_K
 
     def _tiled_mma(self) -> cute.TiledMma:
         atoms = (2, 1, 1) if self.cooperative else (1, 1, 1)
@@ -175,6 +177,7 @@ class HopperGemm:
             tma_b,
             store_atom,
             store_target,
+            mC,
             workspace,
             counters,
             tiled_mma,
@@ -206,6 +209,7 @@ class HopperGemm:
         tma_atom_b: cute.CopyAtom,
         mB: cute.Tensor,
         store_atom: cute.CopyAtom,
+        store_target: cute.Tensor,
         mC: cute.Tensor,
         workspace: cute.Tensor,
         counters: cute.Tensor,
@@ -328,6 +332,7 @@ class HopperGemm:
                 smem,
                 epi_smem,
                 store_atom,
+                store_target,
                 mC,
                 workspace,
                 counters,
@@ -348,6 +353,7 @@ class HopperGemm:
         smem: SmemAllocator,
         epi_smem: cute.ComposedLayout,
         store_atom: cute.CopyAtom,
+        store_target: cute.Tensor,
         mC: cute.Tensor,
         workspace: cute.Tensor,
         counters: cute.Tensor,
@@ -378,6 +384,8 @@ class HopperGemm:
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         tile_m, tile_n, _ = self.tile_shape_mnk
+        # the output's tiles as the TMA store addresses them (its coordinates), and in memory
+        gC_store = cute.local_tile(store_target, (tile_m, tile_n), (None, None, None))
         gC = cute.local_tile(mC, (tile_m, tile_n), (None, None, None))  # (bM,bN,RM,RN,L)
         accumulators = cute.make_rmem_tensor(
             thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, cutlass.Float32
@@ -402,7 +410,7 @@ class HopperGemm:
                 barrier_id,
                 self.out_dtype,
             )
-        else:
+        if cutlass.const_expr(not self.config.tma_store or self.scatters):
             coords = cute.local_tile(
                 cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
             )
@@ -455,7 +463,39 @@ class HopperGemm:
                     )
                 mainloop.drain(ab_pipeline, release_state)
                 final = True
-                if cutlass.const_expr(self.shares_tiles):
+                if cutlass.const_expr(self.scatters):
+                    if segments > 1:
+                        final = False
+                        # slots and counters are per CTA of the cluster
+                        publish_partial(
+                            accumulators,
+                            workspace,
+                            counters,
+                            partial_slot * cluster_ctas + cta_rank,
+                            counter * cluster_ctas + cta_rank,
+                            thread_in_group,
+                            group_threads,
+                            group_barrier,
+                        )
+                        tile = (None, None, tile_m_idx, tile_n_idx, batch)
+                        reduce_share(
+                            accumulators,
+                            workspace,
+                            counters,
+                            first_slot * cluster_ctas + cta_rank,
+                            cluster_ctas,
+                            counter * cluster_ctas + cta_rank,
+                            segment,
+                            segments,
+                            thread_in_group,
+                            group_threads,
+                            group_barrier,
+                            thr_mma.partition_C(gC[tile]),
+                            thr_mma.partition_C(coords[tile]),
+                            (mC.shape[0], mC.shape[1]),
+                            self.out_dtype,
+                        )
+                elif cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
                         # slots and counters are per CTA of the cluster
                         final = segment == owner
@@ -492,7 +532,7 @@ class HopperGemm:
                         epilogue.store_tile(
                             accumulators,
                             store_atom,
-                            gC[(None, None, tile_m_idx, tile_n_idx, batch)],
+                            gC_store[(None, None, tile_m_idx, tile_n_idx, batch)],
                             ring_start,
                             is_store_warp,
                         )
