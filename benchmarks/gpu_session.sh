@@ -12,7 +12,7 @@ for step in $steps; do
   case $step in
     doctor) python3 -m gemmtune doctor 2>&1 | tee "$OUT/doctor.txt" ;;
     tests) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
-    kernel) timeout 420 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
+    kernel) timeout 570 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;

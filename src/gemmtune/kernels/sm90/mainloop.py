@@ -60,7 +60,10 @@ def produce(
             )
             ab_pipeline.producer_commit(state)
             state.advance()
-            empty = ab_pipeline.producer_try_acquire(state)
+            # peek within the item only (see `mma_tile`): the next item tests again
+            empty = cutlass.Boolean(False)
+            if k_tile + 1 < k_end:
+                empty = ab_pipeline.producer_try_acquire(state)
         position = next_position
     # do not exit while peers may still arrive on this CTA's empty barriers
     ab_pipeline.producer_tail(state)
@@ -79,9 +82,13 @@ def mma_tile(
     """Accumulate one tile over all its k-tiles; `read_state` ends on the next tile's first.
 
     One WGMMA batch (a k-tile) stays in flight: after issuing k-tile i the warpgroup waits for
-    k-tile i-1 to retire and only then frees its stage. The next stage's barrier is tested
-    before that wait, so its latency hides behind the tensor cores. Returns the states to
-    pass on (the next read, and the stage still to be freed).
+    k-tile i-1 to retire and only then frees its stage. The next k-tile's barrier is tested
+    before that wait, so its latency hides behind the tensor cores; but only within the tile.
+    The test is a try-wait, which suspends the warpgroup until the stage is full or a
+    hardware time limit passes (4 µs measured on an H200): testing past the tile's last
+    k-tile made the epilogue wait for the next tile's loads, and after a CTA's last tile
+    (whose next stage never fills) for the whole limit. Returns the states to pass on (the
+    next read, and the stage still to be freed).
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     release_state = read_state.clone()
@@ -95,9 +102,11 @@ def mma_tile(
         cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
     cute.nvgpu.warpgroup.commit_group()
     read_state.advance()
-    full = ab_pipeline.consumer_try_wait(read_state)
+    full = cutlass.Boolean(False)
+    if k_tiles > 1:
+        full = ab_pipeline.consumer_try_wait(read_state)
 
-    for _ in range(1, k_tiles):
+    for k_tile in range(1, k_tiles):
         ab_pipeline.consumer_wait(read_state, full)
         cute.nvgpu.warpgroup.fence()
         for k_block in cutlass.range_constexpr(num_k_blocks):
@@ -105,7 +114,9 @@ def mma_tile(
             cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
         cute.nvgpu.warpgroup.commit_group()
         read_state.advance()
-        full = ab_pipeline.consumer_try_wait(read_state)
+        full = cutlass.Boolean(False)
+        if k_tile + 1 < k_tiles:
+            full = ab_pipeline.consumer_try_wait(read_state)
         cute.nvgpu.warpgroup.wait_group(1)
         ab_pipeline.consumer_release(release_state)
         release_state.advance()
