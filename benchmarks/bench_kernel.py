@@ -65,6 +65,8 @@ CANDIDATES = (
         GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", cluster_m=2),
         GemmConfig(tile_m=64, tile_n=256, schedule="pingpong"),
         GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"),
+        # the exhaustive search's best on l8b_down_128 (tuning-h200-2026-11-21.json)
+        GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", cluster_m=2),
         GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2, tma_store=False),
     ]
 )
