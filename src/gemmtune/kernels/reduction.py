@@ -26,6 +26,8 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
+from gemmtune.kernels.scheduler import balanced_begin
+
 #: most floats of a partial one thread loads at a time (registers for the loads in flight)
 MAX_CHUNK = 64
 
@@ -38,6 +40,33 @@ def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
         stride=((1, 4 * threads, 4), tile),
     )
     return cute.make_tensor(workspace.iterator, layout)
+
+
+@cute.jit
+def _await_arrivals(
+    counters: cute.Tensor,
+    counter: Int32,
+    arrivals: Int32,
+    thread: Int32,
+    barrier: pipeline.NamedBarrier,
+):
+    """Hold the group until `arrivals` items have counted in at `counter` (thread 0 polls it
+    with acquire semantics, the barrier releases the others)."""
+    if thread == 0:
+        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+        while seen < arrivals:
+            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+    barrier.arrive_and_wait()
+
+
+def _partial_load_atom() -> cute.CopyAtom:
+    """16-byte loads of partial sums that skip L1: other SMs wrote them."""
+    return cute.make_copy_atom(
+        cute.nvgpu.CopyG2ROp(),
+        cutlass.Float32,
+        num_bits_per_copy=128,
+        load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,
+    )
 
 
 @cute.jit
@@ -82,18 +111,10 @@ def gather_partials(
     `first_slot + j * slot_stride`) to the accumulators, in segment order, skipping our own
     `segment`."""
     values = cute.size(accumulators)
+    _await_arrivals(counters, counter, segments - 1, thread, barrier)
     if thread == 0:
-        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
-        while seen != segments - 1:
-            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
         cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")
-    barrier.arrive_and_wait()
-    load = cute.make_copy_atom(
-        cute.nvgpu.CopyG2ROp(),
-        cutlass.Float32,
-        num_bits_per_copy=128,
-        load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,  # skip L1: other SMs wrote them
-    )
+    load = _partial_load_atom()
     partials = _partials(workspace, values, threads)
     chunk = math.gcd(values, MAX_CHUNK)
     vectors = chunk // 4
@@ -146,22 +167,11 @@ def reduce_share(
     value goes. The last segment to leave resets the counter."""
     values = cute.size(accumulators)
     blocks = values // 4
-    if thread == 0:
-        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
-        while seen < segments:
-            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
-    barrier.arrive_and_wait()
-    load = cute.make_copy_atom(
-        cute.nvgpu.CopyG2ROp(),
-        cutlass.Float32,
-        num_bits_per_copy=128,
-        load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,  # skip L1: other SMs wrote them
-    )
+    _await_arrivals(counters, counter, segments, thread, barrier)
+    load = _partial_load_atom()
     partials = _partials(workspace, values, threads)
-    q = blocks // segments
-    r = blocks - q * segments
-    begin = segment * q + cutlass.min(segment, r)
-    end = begin + q + Int32(segment < r)
+    begin = balanced_begin(segment, segments, blocks)
+    end = balanced_begin(segment + 1, segments, blocks)
     sums = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
     partial = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
     out = cute.make_rmem_tensor((4,), out_dtype)

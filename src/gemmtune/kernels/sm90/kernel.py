@@ -463,67 +463,58 @@ class HopperGemm:
                     )
                 mainloop.drain(ab_pipeline, release_state)
                 final = True
-                if cutlass.const_expr(self.scatters):
-                    if segments > 1:
-                        final = False
-                        # slots and counters are per CTA of the cluster
-                        publish_partial(
-                            accumulators,
-                            workspace,
-                            counters,
-                            partial_slot * cluster_ctas + cta_rank,
-                            counter * cluster_ctas + cta_rank,
-                            thread_in_group,
-                            group_threads,
-                            group_barrier,
-                        )
-                        tile = (None, None, tile_m_idx, tile_n_idx, batch)
-                        reduce_share(
-                            accumulators,
-                            workspace,
-                            counters,
-                            first_slot * cluster_ctas + cta_rank,
-                            cluster_ctas,
-                            counter * cluster_ctas + cta_rank,
-                            segment,
-                            segments,
-                            thread_in_group,
-                            group_threads,
-                            group_barrier,
-                            thr_mma.partition_C(gC[tile]),
-                            thr_mma.partition_C(coords[tile]),
-                            (mC.shape[0], mC.shape[1]),
-                            self.out_dtype,
-                        )
-                elif cutlass.const_expr(self.shares_tiles):
+                if cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
                         # slots and counters are per CTA of the cluster
-                        final = segment == owner
-                        if final:
-                            gather_partials(
-                                accumulators,
-                                workspace,
-                                counters,
-                                first_slot * cluster_ctas + cta_rank,
-                                cluster_ctas,
-                                counter * cluster_ctas + cta_rank,
-                                segment,
-                                segments,
-                                thread_in_group,
-                                group_threads,
-                                group_barrier,
-                            )
-                        else:
+                        first = first_slot * cluster_ctas + cta_rank
+                        counter_index = counter * cluster_ctas + cta_rank
+                        if segment != owner:  # every split-K split; stream-K's non-owners
                             publish_partial(
                                 accumulators,
                                 workspace,
                                 counters,
                                 partial_slot * cluster_ctas + cta_rank,
-                                counter * cluster_ctas + cta_rank,
+                                counter_index,
                                 thread_in_group,
                                 group_threads,
                                 group_barrier,
                             )
+                        if cutlass.const_expr(self.scatters):
+                            final = False
+                            tile = (None, None, tile_m_idx, tile_n_idx, batch)
+                            reduce_share(
+                                accumulators,
+                                workspace,
+                                counters,
+                                first,
+                                cluster_ctas,
+                                counter_index,
+                                segment,
+                                segments,
+                                thread_in_group,
+                                group_threads,
+                                group_barrier,
+                                thr_mma.partition_C(gC[tile]),
+                                thr_mma.partition_C(coords[tile]),
+                                (mC.shape[0], mC.shape[1]),
+                                self.out_dtype,
+                            )
+                        else:
+                            final = segment == owner
+                            if final:
+                                gather_partials(
+                                    accumulators,
+                                    workspace,
+                                    counters,
+                                    first,
+                                    cluster_ctas,
+                                    counter_index,
+                                    segment,
+                                    segments,
+                                    thread_in_group,
+                                    group_threads,
+                                    group_barrier,
+                                )
                 if final:
                     if cutlass.const_expr(self.config.tma_store):
                         ring_start = 0
