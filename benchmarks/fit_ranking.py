@@ -2,7 +2,8 @@
 
 Reads `results/timings-<gpu>-<date>.json.gz` (`collect_timings.py`), fits each family's
 (µs per k-tile, µs per item) by weighted least squares on its data-parallel timings, picks the
-partial-tile costs and compute/memory overlap penalty that rank best, and writes
+partial-tile costs, compute/memory overlap penalty and HBM re-read fraction of operands
+shared between clusters that rank best, and writes
 `src/gemmtune/space/calibration_sm_90.json`.
 Then, shape by shape, replays the tuner on the measured data: the model's top k configs, the
 runtime sweep (raster x swizzle) of the best two, against the exhaustive best; each shape is
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -35,8 +37,9 @@ from gemmtune.space.ranking import DeviceModel, RankingModel, family
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "src/gemmtune/space/calibration_sm_90.json"
 RUNTIME_SWEPT = 2
-PARTIAL_COSTS = (0.0, 0.004, 0.008, 0.016, 0.032, 0.064)
-OVERLAP_PENALTIES = (0.0, 0.1, 0.2, 0.3, 0.5)
+PARTIAL_COSTS = (0.0, 0.016, 0.032, 0.048, 0.064, 0.096)
+OVERLAP_PENALTIES = (0.1, 0.2, 0.3, 0.5)
+REREAD_FRACTIONS = (0.0, 0.15, 0.25, 0.5)
 
 
 def problem_of(m: int, n: int, k: int) -> GemmProblem:
@@ -133,19 +136,20 @@ def main() -> None:
 
     families = fit_families(data, device)
     best = None
-    for publish in PARTIAL_COSTS:
-        for gather in PARTIAL_COSTS:
-            for penalty in OVERLAP_PENALTIES:
-                calibration = {
-                    "families": families,
-                    "publish_us_per_kb": publish,
-                    "gather_us_per_kb": gather,
-                    "overlap_penalty": penalty,
-                }
-                ratios = score(calibration, list(data))
-                key = (min(ratios), sum(ratios))
-                if best is None or key > best[0]:
-                    best = (key, calibration)
+    for publish, gather, penalty, reread in itertools.product(
+        PARTIAL_COSTS, PARTIAL_COSTS, OVERLAP_PENALTIES, REREAD_FRACTIONS
+    ):
+        calibration = {
+            "families": families,
+            "publish_us_per_kb": publish,
+            "gather_us_per_kb": gather,
+            "overlap_penalty": penalty,
+            "reread_fraction": reread,
+        }
+        ratios = score(calibration, list(data))
+        key = (min(ratios), sum(ratios))
+        if best is None or key > best[0]:
+            best = (key, calibration)
     calibration = best[1]
     calibration["fitted_on"] = str(args.timings.name)
     CALIBRATION.write_text(json.dumps(calibration, indent=0, sort_keys=True) + "\n")

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from gemmtune.config import GemmConfig
@@ -63,3 +64,30 @@ def test_top_k_takes_default_runtime_configs_in_order():
     assert predicted == sorted(predicted)
     # the fitted model puts the measured winners of this shape first
     assert any(c.tile_m * c.tile_n >= 128 * 192 for c in top[:3])
+
+
+def test_an_operand_one_cluster_row_reads_streams_once():
+    # M = 128: a 64-row tile in a 2x1 cluster spans all of M, so B (4096 x 14336) is read by
+    # one cluster row and multicast; in a 1x2 cluster two cluster rows read it
+    slow_memory = DeviceModel(hbm_bytes_per_us=1.0e4)
+    calibration = dict(FLAT, reread_fraction=0.5, overlap_penalty=0.0)
+    model = RankingModel(slow_memory, calibration)
+    p = problem(128, 4096, 14336)
+    spans_m = model.predict_us(
+        p, GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", cluster_m=2)
+    )
+    shares_b = model.predict_us(
+        p, GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", cluster_n=2)
+    )
+    b_bytes = 4096 * 14336 * 2
+    assert shares_b - spans_m == pytest.approx(0.5 * b_bytes / 1.0e4)
+
+
+def test_partial_tiles_cost_time_even_when_memory_bound():
+    slow_memory = DeviceModel(hbm_bytes_per_us=1.0e3)
+    p = problem(512, 512, 32768)
+    config = GemmConfig(decomposition="split_k", splits=8)
+    free = RankingModel(slow_memory, dict(FLAT, publish_us_per_kb=0.0, gather_us_per_kb=0.0))
+    costly = RankingModel(slow_memory, dict(FLAT, publish_us_per_kb=0.5, gather_us_per_kb=0.5))
+    tile_kb = 128 * 128 * 4 / 1024
+    assert costly.predict_us(p, config) - free.predict_us(p, config) == pytest.approx(tile_kb)

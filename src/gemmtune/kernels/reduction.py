@@ -88,9 +88,12 @@ def publish_partial(
     cute.copy(store, acc, _partials(workspace, values, threads)[((None, None, thread), slot)])
     barrier.arrive_and_wait()
     if thread == 0:
-        # release the group's partials (ordered before us by the barrier) to the owner
+        # release the group's partials (ordered before us by the barrier) to the owner; a
+        # reduction, not an atomic, so the warp does not wait for the old value to come back
         cute.arch.fence_acq_rel_gpu()
-        cute.arch.atomic_add(counters.iterator + counter, Int32(1), sem="release", scope="gpu")
+        cute.arch.red(
+            counters.iterator + counter, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu"
+        )
 
 
 @cute.jit

@@ -5,12 +5,15 @@ The model is analytic in its structure and fitted in its constants:
   `a_f` µs per k-tile of its tile and `c_f` µs per item (prologue, epilogue, pipeline fill).
 - A data-parallel launch runs `ceil(units / resident clusters)` waves of whole units
   (wave quantization); stream-K and split-K last as long as their busiest cluster, whose items
-  come from the schedule model (`kernels/schedule_model.py`), plus the cost of the partial
-  tiles it writes or gathers.
-- Nothing beats the memory system: the unique bytes of A, B and the output (and of partial
-  tiles) over the GPU's bandwidth is a floor. The two overlap imperfectly, so the smaller of
-  compute and memory time adds a fitted fraction `overlap_penalty` of itself (this also keeps
-  configs that sit at the floor ranked by their compute).
+  come from the schedule model (`kernels/schedule_model.py`).
+- Nothing beats the memory system: the bytes of A, B and the output (and of partial tiles)
+  over the GPU's bandwidth is a floor. An operand that several cluster rows (columns) read is
+  partly fetched from HBM again (`reread_fraction`); one that a single cluster row reads, as B
+  is when a cluster spans all of a small M, streams once. Compute and memory overlap
+  imperfectly, so the smaller of the two adds a fitted fraction `overlap_penalty` of itself
+  (this also keeps configs that sit at the floor ranked by their compute).
+- Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
+  (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
@@ -130,15 +133,15 @@ class RankingModel:
         units = grid.work_units
         if config.decomposition is Decomposition.DATA_PARALLEL:
             compute = ceil_div(units, resident) * (a * k_tiles + c)
-            partial_bytes = 0
+            partial_bytes, reduction = 0, 0.0
         elif config.decomposition is Decomposition.SPLIT_K:
             schedule = make_schedule("split_k", grid, k_tiles, resident, splits=config.splits)
             splits = schedule.effective_splits
             waves = ceil_div(units * splits, schedule.grid_clusters)
             # the busiest cluster: its items, each a split's k-tiles; each split publishes its
             # partial and reads a 1/splits share of every split's: one tile's worth
-            shared = (publish + gather) if splits > 1 else 0.0
-            compute = waves * (a * ceil_div(k_tiles, splits) + c + shared)
+            reduction = waves * (publish + gather) if splits > 1 else 0.0
+            compute = waves * (a * ceil_div(k_tiles, splits) + c)
             partial_bytes = 8 * units * splits * ctas * config.tile_m * config.tile_n
         else:
             schedule = make_schedule("stream_k", grid, k_tiles, resident)
@@ -147,17 +150,24 @@ class RankingModel:
             spans = ceil_div(iterations, k_tiles) + (iterations % k_tiles != 0)
             per_unit = ceil_div(k_tiles, max(iterations, 1))
             shared = publish + gather * per_unit if schedule.sk_units else 0.0
-            compute = (
-                dp_waves * (a * k_tiles + c)
-                + a * iterations
-                + (c + shared) * min(spans, 2 if schedule.sk_units else 0)
-            )
+            sk_items = min(spans, 2 if schedule.sk_units else 0)
+            compute = dp_waves * (a * k_tiles + c) + a * iterations + c * sk_items
+            reduction = shared * sk_items
             partial_bytes = 8 * schedule.partial_slots * ctas * config.tile_m * config.tile_n
         out_bytes = problem.m * problem.n * problem.l * problem.out_dtype.itemsize
-        in_bytes = (problem.m + problem.n) * problem.k * problem.l * problem.a_dtype.itemsize
+        # an operand that several cluster rows (columns) read is partly fetched again from
+        # HBM; one that a single cluster row reads (e.g. B when the cluster spans all of M) is
+        # streamed once and multicast
+        calibration = self._calibration(config)
+        reread = calibration.get("reread_fraction", 0.0)
+        a_reads = 1.0 + reread * (grid.clusters_n > 1)
+        b_reads = 1.0 + reread * (grid.clusters_m > 1)
+        in_bytes = (problem.m * a_reads + problem.n * b_reads) * problem.k * problem.l
+        in_bytes *= problem.a_dtype.itemsize
         memory = (in_bytes + out_bytes + partial_bytes) / self.device.hbm_bytes_per_us
-        penalty = self._calibration(config).get("overlap_penalty", 0.0)
-        return max(compute, memory) + penalty * min(compute, memory)
+        penalty = calibration.get("overlap_penalty", 0.0)
+        # the partial tiles are written and summed after the mainloop: nothing hides them
+        return max(compute, memory) + penalty * min(compute, memory) + reduction
 
     def roofline_us(self, problem: GemmProblem) -> float:
         """The least time the GPU needs for the problem: its MMA work at peak, or moving its
