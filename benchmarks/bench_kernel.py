@@ -54,12 +54,6 @@ CANDIDATES = (
         GemmConfig(tile_m=256, tile_n=160, cluster_m=2),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2, tma_store=False),
     ]
-    # 192-row tiles, warpgroups splitting the columns (direct stores): cuBLAS's 192x192 c2x1
-    # on 2048x2304 (132 tiles on 132 SMs)
-    + [
-        GemmConfig(tile_m=192, tile_n=tn, cluster_m=cm, cluster_n=cn, tma_store=False)
-        for tn, cm, cn in ((192, 2, 1), (192, 1, 1), (192, 1, 2), (256, 2, 1), (128, 2, 1))
-    ]
     + [
         GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=cm, cluster_n=cn)
         for cm, cn in ((1, 1), (2, 1), (1, 2))

@@ -50,8 +50,6 @@ class Raster(str, enum.Enum):
 
 ARCHES = ("sm_90", "sm_100")
 SWIZZLES = (1, 2, 4, 8)
-#: 192 rows: cooperative Hopper tiles whose warpgroups split the columns (three WGMMA rows)
-TILE_MS = (64, 128, 192, 256)
 MAX_CLUSTER_CTAS = 16  # Hopper and Blackwell allow 16 with the non-portable cluster attribute
 MAX_SPLITS = 16
 # torch.matmul (cuBLAS) as a tuning candidate: its name where a config key would stand
@@ -119,10 +117,8 @@ class GemmConfig:
                 fail(name, "must be a bool")
         if self.arch not in ARCHES:
             fail("arch", f"must be one of {ARCHES}")
-        if self.tile_m not in TILE_MS:
-            fail("tile_m", "must be 64, 128, 192 or 256")
-        if self.tile_m == 192 and (self.arch != "sm_90" or self.schedule is Schedule.PINGPONG):
-            fail("tile_m", "192-row tiles are cooperative Hopper (sm_90) tiles")
+        if not _is_pow2(self.tile_m) or not 64 <= self.tile_m <= 256:
+            fail("tile_m", "must be 64, 128 or 256")
         if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
             fail("tile_n", "must be a multiple of 8 from 8 to 256 (the MMA instruction's N)")
         for name in ("cluster_m", "cluster_n"):

@@ -2,8 +2,7 @@
 
 One CTA = one producer warpgroup (warp 0 issues the TMA loads; its registers go to the
 consumers) and two consumer warpgroups issuing WGMMA.
-- cooperative: both consumer warpgroups work on one tile, each on half of its rows (or, for
-  192-row tiles, on half of its columns: `rules.splits_columns`);
+- cooperative: both consumer warpgroups work on one tile, each on half of its rows;
 - ping-pong: they take alternate tiles. Named barriers order their mainloops (so their
   WGMMAs do not compete and each finds its stages in the expected phase) and their
   epilogues (they share the epilogue's shared memory), so one's epilogue overlaps the
@@ -86,11 +85,7 @@ class HopperGemm:
         self.scatters = config.decomposition is Decomposition.SPLIT_K
 
     def _tiled_mma(self) -> cute.TiledMma:
-        atoms, mma_n = (1, 1, 1), self.config.tile_n
-        if cutlass.const_expr(self.cooperative):
-            atoms = (2, 1, 1)
-            if cutlass.const_expr(rules.splits_columns(self.config)):
-                atoms, mma_n = (1, 2, 1), self.config.tile_n // 2
+        atoms = (2, 1, 1) if self.cooperative else (1, 1, 1)
         return sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.ab_dtype,
@@ -98,24 +93,8 @@ class HopperGemm:
             self.b_layout.sm90_mma_major_mode(),
             cutlass.Float32,
             atoms,
-            tiler_mn=(64, mma_n),
+            tiler_mn=(64, self.config.tile_n),
         )
-
-    def _smem_layout_b(self) -> cute.ComposedLayout:
-        """B's staged shared-memory layout. When the warpgroups split the tile's columns and B
-        is N-major, the swizzle atom must fit a warpgroup's half (a 96-column half of a
-        192-column tile is 1.5 128-byte atoms but three 64-byte ones), so the atom is chosen
-        for the half."""
-        if cutlass.const_expr(
-            not rules.splits_columns(self.config) or self.b_layout.is_k_major_b()
-        ):
-            return sm90_utils.make_smem_layout_b(
-                self.b_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
-            )
-        tile_n, tile_k = self.config.tile_n, rules.TILE_K
-        kind = sm90_utils.get_smem_layout_atom(self.b_layout, self.ab_dtype, tile_n // 2)
-        atom = sm90_utils.make_smem_layout_atom(kind, self.ab_dtype)
-        return cute.tile_to_shape(atom, (tile_n, tile_k, self.ab_stages), order=(1, 0, 2))
 
     @cute.jit
     def __call__(
@@ -139,7 +118,9 @@ class HopperGemm:
         a_smem = sm90_utils.make_smem_layout_a(
             self.a_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
         )
-        b_smem = self._smem_layout_b()
+        b_smem = sm90_utils.make_smem_layout_b(
+            self.b_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
+        )
         a_op = cpasync.CopyBulkTensorTileG2SOp()
         if cutlass.const_expr(self.mcast_a > 1):
             a_op = cpasync.CopyBulkTensorTileG2SMulticastOp()

@@ -30,7 +30,7 @@ CONSUMER_REGISTERS = 232
 #: the epilogue's conversion and the pipeline state without spilling.
 MAX_ACCUMULATOR_REGISTERS = 192
 
-TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 192, 256), Schedule.PINGPONG: (64, 128)}
+TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 256), Schedule.PINGPONG: (64, 128)}
 # multiples of 32, so that the epilogue's 32-column sub-tiles divide the tile
 TILE_N_CHOICES = tuple(range(64, 257, 32))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
@@ -54,14 +54,6 @@ class SmemPlan:
             + self.epi_stages * self.epi_stage_bytes
             + SMEM_RESERVED
         )
-
-
-def splits_columns(config: GemmConfig) -> bool:
-    """True when the cooperative warpgroups split the tile's columns rather than its rows: a
-    WGMMA covers 64 rows, so 192 rows do not halve into whole instructions, but each
-    warpgroup can take all 192 rows and half the columns (what cuBLAS's 192x192 tiles do,
-    which fit 132 tiles of 2048x2304 exactly on 132 SMs)."""
-    return config.schedule is Schedule.COOPERATIVE and config.tile_m % 128 != 0
 
 
 def mma_tile_m(config: GemmConfig) -> int:
@@ -106,11 +98,6 @@ def implements(config: GemmConfig) -> str | None:
         return f"tile_n must be one of {TILE_N_CHOICES}, not {config.tile_n}"
     if (config.cluster_m, config.cluster_n) not in CLUSTER_SHAPES:
         return f"cluster {config.cluster_m}x{config.cluster_n} is not one of {CLUSTER_SHAPES}"
-    if splits_columns(config) and config.tma_store:
-        return (
-            "the TMA-store epilogue's sub-tiles span both warpgroups' rows; a tile whose "
-            "warpgroups split its columns stores directly (tma_store=False)"
-        )
     regs = accumulator_registers(config)
     if regs > MAX_ACCUMULATOR_REGISTERS:
         return (
