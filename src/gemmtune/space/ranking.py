@@ -14,6 +14,8 @@ The model is analytic in its structure and fitted in its constants:
   (this also keeps configs that sit at the floor ranked by their compute).
 - Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
   (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
+  Split-K's are fitted (they include the wait for the slowest split); stream-K's
+  (`stream_k_*`) are measured directly: a stream-K segment's partners finish when it does.
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
@@ -97,9 +99,10 @@ class RankingModel:
         partial read) for the config's family."""
         calibration = self._calibration(config)
         fitted = calibration.get("families", {}).get(family(config))
-        tile_bytes = config.tile_m * config.tile_n * 4
-        publish = calibration.get("publish_us_per_kb", 0.012) * tile_bytes / 1024
-        gather = calibration.get("gather_us_per_kb", 0.012) * tile_bytes / 1024
+        tile_kb = config.tile_m * config.tile_n * 4 / 1024
+        prefix = "stream_k_" if config.decomposition is Decomposition.STREAM_K else ""
+        publish = calibration.get(prefix + "publish_us_per_kb", 0.012) * tile_kb
+        gather = calibration.get(prefix + "gather_us_per_kb", 0.012) * tile_kb
         if fitted is not None:
             return fitted[0], fitted[1], publish, gather
         return (*self._analytic(config), publish, gather)
