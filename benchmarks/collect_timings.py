@@ -7,11 +7,18 @@ reference, then timed: CUDA events, 5 ms warm-up, L2 flushed before each run, me
 `--runs`. The rows are the ground truth the ranking model is measured (and calibrated) against.
 
     python benchmarks/collect_timings.py --out-dir $OUT
+
+`--match x144_ --merge results/timings-....json.gz` times only the binaries whose key holds
+`x144_` and keeps the earlier file's rows of every other binary (after a change to some
+families only).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import gzip
+import json
 import logging
 import sys
 import tempfile
@@ -73,9 +80,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--shapes", default="")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--match", default="", help="time only binaries whose key holds this")
+    parser.add_argument("--merge", type=Path, help="earlier timings: keep its other rows")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    configs = rules.implemented_configs(tuple(Decomposition))
+    configs = [
+        c for c in rules.implemented_configs(tuple(Decomposition)) if args.match in c.compile_key
+    ]
     jobs = [CompileJob(c, KernelSignature()) for c in configs]
     start = time.perf_counter()
     outcomes = compile_all(
@@ -98,6 +109,14 @@ def main() -> None:
         f"failures: {failed}"
     )
     rows = []
+    if args.merge:
+        with gzip.open(args.merge) as f:
+            earlier = json.load(f)
+        rows = [r for r in earlier["rows"] if args.match not in r["config"]]
+        method += (
+            f"; binaries with '{args.match}' in their key timed on {datetime.date.today()}, "
+            f"the others' rows from {args.merge.name} (its method: {earlier['method']})"
+        )
     for shape in load_shapes():
         if args.shapes and shape["name"] not in args.shapes.split(","):
             continue

@@ -2,8 +2,8 @@
 
 Reads `results/timings-<gpu>-<date>.json.gz` (`collect_timings.py`), fits each family's
 (µs per k-tile, µs per item) by weighted least squares on its data-parallel timings, picks the
-partial-tile costs, compute/memory overlap penalty and HBM re-read fraction of operands
-shared between clusters that rank best, and writes
+partial-tile costs, split-K wait, compute/memory overlap penalty and HBM re-read fraction of
+operands shared between clusters that rank best, and writes
 `src/gemmtune/space/calibration_sm_90.json`.
 Then, shape by shape, replays the tuner on the measured data: the model's top k configs, the
 runtime sweep (raster x swizzle) of the best two, against the exhaustive best; each shape is
@@ -37,8 +37,9 @@ from gemmtune.space.ranking import DeviceModel, RankingModel, family
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "src/gemmtune/space/calibration_sm_90.json"
 RUNTIME_SWEPT = 2
-PARTIAL_COSTS = (0.0, 0.016, 0.032, 0.048, 0.064, 0.096)
-OVERLAP_PENALTIES = (0.1, 0.2, 0.3, 0.5)
+PARTIAL_COSTS = (0.0, 0.016, 0.032, 0.064)
+SPLIT_K_WAITS = (0.0, 2.0, 4.0, 6.0, 8.0)
+OVERLAP_PENALTIES = (0.2, 0.3, 0.5)
 REREAD_FRACTIONS = (0.0, 0.15, 0.25, 0.5)
 # Stream-K's partial-tile costs, measured rather than fitted: a globaltimer timeline of
 # 128x128 and 128x256 stream-K launches on an H200 (thread 128 stamping each item's mainloop,
@@ -106,7 +107,7 @@ def replay(model: RankingModel, shape: tuple, timed: list, top_k: int) -> dict:
     measured = {c.key: t for c, t in timed}
     defaults = [c for c, _ in timed if c.raster is Raster.ALONG_M and c.swizzle == 1]
     picked = model.top_k(problem, defaults, top_k)
-    times = sorted((measured[c.key], c) for c in picked)
+    times = sorted(((measured[c.key], c) for c in picked), key=lambda tc: tc[0])
     swept = [t for t, _ in times]
     for _, config in times[:RUNTIME_SWEPT]:
         for raster in Raster:
@@ -141,13 +142,14 @@ def main() -> None:
 
     families = fit_families(data, device)
     best = None
-    for publish, gather, penalty, reread in itertools.product(
-        PARTIAL_COSTS, PARTIAL_COSTS, OVERLAP_PENALTIES, REREAD_FRACTIONS
+    for publish, gather, wait, penalty, reread in itertools.product(
+        PARTIAL_COSTS, PARTIAL_COSTS, SPLIT_K_WAITS, OVERLAP_PENALTIES, REREAD_FRACTIONS
     ):
         calibration = {
             "families": families,
             "publish_us_per_kb": publish,
             "gather_us_per_kb": gather,
+            "split_k_wait_us": wait,
             "overlap_penalty": penalty,
             "reread_fraction": reread,
             **STREAM_K_COSTS,

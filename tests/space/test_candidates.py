@@ -20,9 +20,9 @@ def problem(m, n, k, dtype=torch.bfloat16, arch=Arch.SM90, b_cols_major=False):
 def test_sm90_space_counts_and_validity():
     p = problem(4096, 4096, 4096)
     configs = candidates(p)
-    # 576 binaries: 192 data-parallel, 192 stream-K, 192 split-K (7 split counts), x 8 runtime
-    assert len(binaries(p)) == 576
-    assert len(configs) == (192 + 192 + 192 * 7) * 8
+    # 672 binaries: 224 data-parallel, 224 stream-K, 224 split-K (7 split counts), x 8 runtime
+    assert len(binaries(p)) == 672
+    assert len(configs) == (224 + 224 + 224 * 7) * 8
     assert len({c.key for c in configs}) == len(configs)
     assert all(sm90.serves(c, p) is None for c in configs)
     assert {c.decomposition for c in configs} == set(Decomposition)
@@ -46,6 +46,23 @@ def test_unserved_problems_have_no_candidates():
     assert candidates(problem(64, 64, 64, dtype=torch.float32)) == []
     # misaligned B (n = 20 bf16 per row is 40 bytes)
     assert candidates(problem(64, 20, 64)) == []
+
+
+def test_odd_width_tma_store_tiles_need_an_n_major_output():
+    # tile_n = 144 with a TMA-store epilogue wrote wrong M-major outputs on the GPU
+    a = Operand((2048, 1024), (1024, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+    b = Operand((1024, 2304), (2304, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+    m_major = Operand((2048, 2304), (1, 2048), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+    tma, direct = (
+        GemmConfig(tile_m=256, tile_n=144),
+        GemmConfig(tile_m=256, tile_n=144, tma_store=False),
+    )
+    n_out = GemmProblem.from_operands(a, b, arch=Arch.SM90)
+    m_out = GemmProblem.from_operands(a, b, m_major, arch=Arch.SM90)
+    assert sm90.serves(tma, n_out) is None and sm90.serves(direct, m_out) is None
+    assert "N-major output" in sm90.serves(tma, m_out)
+    assert sm90.serves(GemmConfig(tile_m=256, tile_n=160), m_out) is None
+    assert not any(c.tile_n == 144 and c.tma_store for c in candidates(m_out))
 
 
 def test_sm100_space_is_enumerable_on_the_cpu():

@@ -14,8 +14,10 @@ The model is analytic in its structure and fitted in its constants:
   (this also keeps configs that sit at the floor ranked by their compute).
 - Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
   (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
-  Split-K's are fitted (they include the wait for the slowest split); stream-K's
-  (`stream_k_*`) are measured directly: a stream-K segment's partners finish when it does.
+  Stream-K's (`stream_k_*`) are measured directly: a stream-K segment's partners finish when
+  it does. A split-K wave also waits for its slowest split and the flag handshake
+  (`split_k_wait_us`, fitted): a latency that does not grow with the tile, which a per-KB
+  charge alone overstates for large tiles (it had ranked 128x128 split-K below 64x128).
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
@@ -134,6 +136,7 @@ class RankingModel:
         )
         k_tiles = ceil_div(problem.k, TILE_K)
         units = grid.work_units
+        calibration = self._calibration(config)
         if config.decomposition is Decomposition.DATA_PARALLEL:
             compute = ceil_div(units, resident) * (a * k_tiles + c)
             partial_bytes, reduction = 0, 0.0
@@ -142,8 +145,10 @@ class RankingModel:
             splits = schedule.effective_splits
             waves = ceil_div(units * splits, schedule.grid_clusters)
             # the busiest cluster: its items, each a split's k-tiles; each split publishes its
-            # partial and reads a 1/splits share of every split's: one tile's worth
-            reduction = waves * (publish + gather) if splits > 1 else 0.0
+            # partial, waits for the others and reads a 1/splits share of every split's: one
+            # tile's worth
+            wait = calibration.get("split_k_wait_us", 0.0)
+            reduction = waves * (wait + publish + gather) if splits > 1 else 0.0
             compute = waves * (a * ceil_div(k_tiles, splits) + c)
             partial_bytes = 8 * units * splits * ctas * config.tile_m * config.tile_n
         else:
@@ -161,7 +166,6 @@ class RankingModel:
         # an operand that several cluster rows (columns) read is partly fetched again from
         # HBM; one that a single cluster row reads (e.g. B when the cluster spans all of M) is
         # streamed once and multicast
-        calibration = self._calibration(config)
         reread = calibration.get("reread_fraction", 0.0)
         a_reads = 1.0 + reread * (grid.clusters_n > 1)
         b_reads = 1.0 + reread * (grid.clusters_m > 1)

@@ -31,8 +31,9 @@ CONSUMER_REGISTERS = 232
 MAX_ACCUMULATOR_REGISTERS = 192
 
 TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 256), Schedule.PINGPONG: (64, 128)}
-# multiples of 32, so that the epilogue's 32-column sub-tiles divide the tile
-TILE_N_CHOICES = tuple(range(64, 257, 32))
+# multiples of 32, and 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
+# leaves 12 idle and wastes most of a column of tiles)
+TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144)))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
 EPI_TILE_N = 32
 MIN_AB_STAGES = 2
@@ -68,8 +69,9 @@ def accumulator_registers(config: GemmConfig) -> int:
 
 
 def epi_tile(config: GemmConfig) -> tuple[int, int]:
-    """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide."""
-    return mma_tile_m(config), EPI_TILE_N
+    """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide (16
+    when 32 does not divide the tile; 48 measured no faster on the GPU)."""
+    return mma_tile_m(config), EPI_TILE_N if config.tile_n % EPI_TILE_N == 0 else 16
 
 
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
@@ -138,7 +140,15 @@ def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     why = serve_reason(config, problem, implements)
     if why:
         return why
-    plan = smem_plan(config, KernelSignature.of(problem))
+    signature = KernelSignature.of(problem)
+    if config.tma_store and config.tile_n % EPI_TILE_N and signature.out_major == "m":
+        # measured: wrong results on the GPU (bf16, fp16 and fp32 outputs, 16- and 48-column
+        # sub-tiles); the direct-store epilogue serves these
+        return (
+            f"the TMA-store epilogue of a tile_n not a multiple of {EPI_TILE_N} ({config.tile_n}) "
+            "needs an N-major output"
+        )
+    plan = smem_plan(config, signature)
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
     return None
