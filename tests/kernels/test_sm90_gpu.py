@@ -74,10 +74,11 @@ sm90_64x256_c1x1_pp_tma_streamk    |   512x512x32768x1 | tt | bf16 bf16 | n
 sm90_128x160_c2x1_pp_st_streamk    |    264x392x200x3 | nn | fp16 fp16 | m
 sm90_128x128_c2x2_pp_tma_streamk   |         1x8x64x1 | tn | bf16 bf16 | n
 sm90_256x144_c1x1_coop_tma_dp      |  2048x2304x1000x1 | tn | bf16 bf16 | n
-sm90_256x144_c1x2_coop_st_dp       | 1001x1528x2056x1 | nt | fp16 fp16 | m
+sm90_256x144_c1x2_coop_tma_dp      | 1000x1528x2056x1 | nt | fp16 fp16 | m
 sm90_256x144_c2x1_coop_st_dp       | 2999x4104x1000x2 | tt | bf16 fp32 | n
-sm90_128x144_c1x1_coop_st_dp       |   264x385x200x1 | nn | bf16 fp32 | m
-sm90_128x144_c2x1_pp_st_dp         | 1001x1528x2056x1 | tn | bf16 bf16 | m
+sm90_128x144_c1x1_coop_tma_dp      |   264x392x200x1 | nn | bf16 fp32 | m
+sm90_256x144_c2x1_coop_st_dp       | 1000x1528x2056x1 | nt | bf16 bf16 | m
+sm90_128x144_c2x1_pp_tma_dp        | 1000x1528x2056x1 | tn | bf16 bf16 | m
 sm90_64x144_c1x2_pp_st_dp          |   264x392x200x2 | nt | fp16 fp16 | n
 sm90_256x144_c2x1_coop_tma_streamk | 2048x2304x4096x1 | tn | bf16 bf16 | n
 sm90_128x144_c1x1_pp_tma_sk4       |   512x512x8192x1 | tt | bf16 bf16 | n

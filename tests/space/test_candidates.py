@@ -48,23 +48,6 @@ def test_unserved_problems_have_no_candidates():
     assert candidates(problem(64, 20, 64)) == []
 
 
-def test_odd_width_tma_store_tiles_need_an_n_major_output():
-    # tile_n = 144 with a TMA-store epilogue wrote wrong M-major outputs on the GPU
-    a = Operand((2048, 1024), (1024, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
-    b = Operand((1024, 2304), (2304, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
-    m_major = Operand((2048, 2304), (1, 2048), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
-    tma, direct = (
-        GemmConfig(tile_m=256, tile_n=144),
-        GemmConfig(tile_m=256, tile_n=144, tma_store=False),
-    )
-    n_out = GemmProblem.from_operands(a, b, arch=Arch.SM90)
-    m_out = GemmProblem.from_operands(a, b, m_major, arch=Arch.SM90)
-    assert sm90.serves(tma, n_out) is None and sm90.serves(direct, m_out) is None
-    assert "N-major output" in sm90.serves(tma, m_out)
-    assert sm90.serves(GemmConfig(tile_m=256, tile_n=160), m_out) is None
-    assert not any(c.tile_n == 144 and c.tma_store for c in candidates(m_out))
-
-
 def test_sm100_space_is_enumerable_on_the_cpu():
     configs = sm100.implemented_configs(tuple(Decomposition))
     assert len(configs) == 2400

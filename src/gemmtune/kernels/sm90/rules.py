@@ -140,15 +140,7 @@ def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     why = serve_reason(config, problem, implements)
     if why:
         return why
-    signature = KernelSignature.of(problem)
-    if config.tma_store and config.tile_n % EPI_TILE_N and signature.out_major == "m":
-        # measured: wrong results on the GPU (bf16, fp16 and fp32 outputs, 16- and 48-column
-        # sub-tiles); the direct-store epilogue serves these
-        return (
-            f"the TMA-store epilogue of a tile_n not a multiple of {EPI_TILE_N} ({config.tile_n}) "
-            "needs an N-major output"
-        )
-    plan = smem_plan(config, signature)
+    plan = smem_plan(config, KernelSignature.of(problem))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
     return None
