@@ -91,3 +91,21 @@ def test_partial_tiles_cost_time_even_when_memory_bound():
     costly = RankingModel(slow_memory, dict(FLAT, publish_us_per_kb=0.5, gather_us_per_kb=0.5))
     tile_kb = 128 * 128 * 4 / 1024
     assert costly.predict_us(p, config) - free.predict_us(p, config) == pytest.approx(tile_kb)
+
+
+def test_split_k_waits_once_per_wave_whatever_the_tile():
+    p = problem(512, 512, 32768)
+    calm = RankingModel(DeviceModel(), FLAT)
+    waiting = RankingModel(DeviceModel(), dict(FLAT, split_k_wait_us=6.0))
+    # 16 tiles of 128x128 x 8 splits and 64 tiles of 64x64 x 2 splits: one wave each on 132 SMs
+    for config in (
+        GemmConfig(decomposition="split_k", splits=8),
+        GemmConfig(tile_m=64, tile_n=64, schedule="pingpong", decomposition="split_k", splits=2),
+    ):
+        assert waiting.predict_us(p, config) - calm.predict_us(p, config) == pytest.approx(6.0)
+    # 16 tiles x 16 splits = 256 items: two waves wait
+    two_waves = GemmConfig(decomposition="split_k", splits=16)
+    assert waiting.predict_us(p, two_waves) - calm.predict_us(p, two_waves) == pytest.approx(12.0)
+    # data-parallel and stream-K launches do not wait for splits
+    for config in (GemmConfig(), GemmConfig(decomposition="stream_k")):
+        assert waiting.predict_us(p, config) == calm.predict_us(p, config)
