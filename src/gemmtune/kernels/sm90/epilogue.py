@@ -31,7 +31,6 @@ class TmaStoreEpilogue:
     epi_stages: int
     out_dtype: type
     barrier: pipeline.NamedBarrier
-    store_pipeline: pipeline.PipelineTmaStore
 
     @staticmethod
     def create(
@@ -58,10 +57,6 @@ class TmaStoreEpilogue:
             epi_stages=epi_stages,
             out_dtype=out_dtype,
             barrier=pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads),
-            store_pipeline=pipeline.PipelineTmaStore.create(
-                num_stages=epi_stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, group_threads),
-            ),
         )
 
     @cute.jit
@@ -90,8 +85,15 @@ class TmaStoreEpilogue:
         )
         subtiles_m = cute.size(gC_epi, mode=[1, 0])
         subtiles_n = cute.size(gC_epi, mode=[1, 1])
+        subtiles = subtiles_m * subtiles_n
         tRS_rC = cute.make_rmem_tensor(self.sub_shape, cutlass.Float32)
         tRS_rOut = cute.make_rmem_tensor(self.sub_shape, self.out_dtype)
+        # One barrier per sub-tile: it publishes the sub-tile's shared writes to the store
+        # warp and, because the store warp has first waited for the next buffer's previous
+        # TMA store to finish reading it, frees that buffer for everyone.
+        if is_store_warp:
+            cute.arch.cp_async_bulk_wait_group(self.epi_stages - 1, read=True)
+        self.barrier.arrive_and_wait()
         for sub_m in cutlass.range_constexpr(subtiles_m):
             for sub_n in cutlass.range_constexpr(subtiles_n):
                 sub = sub_m * subtiles_n + sub_n
@@ -99,23 +101,24 @@ class TmaStoreEpilogue:
                     tRS_rC[v] = tRS_rAcc[sub * sub_size + v]
                 tRS_rOut.store(tRS_rC.load().to(self.out_dtype))
                 buffer = (ring_start + sub) % self.epi_stages
-                # the buffer's previous TMA store must have finished reading it
-                if is_store_warp:
-                    self.store_pipeline.producer_acquire()
-                self.barrier.arrive_and_wait()
                 cute.copy(self.tiled_copy_r2s, tRS_rOut, self.tRS_sC[(None, None, None, buffer)])
                 # make the generic-proxy shared writes visible to the TMA (async proxy)
                 cute.arch.fence_proxy("async.shared", space="cta")
+                if cutlass.const_expr(sub + 1 < subtiles):
+                    if is_store_warp:
+                        # this sub-tile is not committed yet, so of the stores in flight the
+                        # one that last used the next buffer is the (epi_stages - 1)th newest
+                        cute.arch.cp_async_bulk_wait_group(self.epi_stages - 2, read=True)
                 self.barrier.arrive_and_wait()
                 if is_store_warp:
                     cute.copy(tma_atom_c, bSG_sC[(None, buffer)], bSG_gC[(None, (sub_m, sub_n))])
-                    self.store_pipeline.producer_commit()
+                    cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def finish(self, is_store_warp: cutlass.Boolean):
         """Wait until the TMA stores issued so far have read their shared buffers."""
         if is_store_warp:
-            self.store_pipeline.producer_tail()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def subtiles(self, tile_shape_mn: tuple) -> int:
         return (tile_shape_mn[0] // self.epi_tile[0]) * (tile_shape_mn[1] // self.epi_tile[1])
