@@ -56,6 +56,7 @@ CANDIDATES = (
         GemmConfig(tile_m=256, tile_n=144),
         GemmConfig(tile_m=256, tile_n=144, cluster_m=2),
         GemmConfig(tile_m=256, tile_n=144, cluster_n=2),
+        GemmConfig(tile_m=256, tile_n=144, cluster_m=2, cluster_n=2),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2, tma_store=False),
     ]
     + [
