@@ -47,11 +47,11 @@ def main() -> None:
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    args = launch_args(config, a.device, 256, 256, 256, 1)
+    runtime = launch_args(config, a.device, 256, 256, 256, 1)
     rows = []
     for name, fn in (
-        ("launch", lambda: kernel(a, b, out, *args)),
-        ("launch_function_direct", lambda: kernel.function(a, b, out, *args)),
+        ("launch", lambda: kernel(a, b, out, *runtime)),
+        ("launch_function_direct", lambda: kernel.function(a, b, out, *runtime)),
         ("launch_helper_with_workspace_lookup", lambda: launch(kernel, a, b, out, config)),
         ("torch_mm", lambda: torch.mm(a, b, out=out)),
     ):
