@@ -20,6 +20,7 @@ thread and coalesced across the warp.
 """
 
 import math
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -30,6 +31,27 @@ from gemmtune.kernels.scheduler import balanced_begin
 
 #: most floats of a partial one thread loads at a time (registers for the loads in flight)
 MAX_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class SharedTile:
+    """An output tile that several items compute, as one of them sees it: where the partial
+    sums and the arrival counter are, which segment this item is, and which threads hold its
+    accumulators. Frozen, so that the DSL's control flow reads it rather than carries it."""
+
+    workspace: cute.Tensor
+    counters: cute.Tensor
+    first_slot: Int32  # the slot of segment 0's partial sums
+    slot_stride: int  # slots between consecutive segments' partial sums
+    counter: Int32
+    segment: Int32
+    segments: Int32
+    thread: Int32  # counts from 0 among the `threads` (synchronised by `barrier`)
+    threads: int
+    barrier: pipeline.NamedBarrier
+
+    def slot(self, segment: Int32) -> Int32:
+        return self.first_slot + segment * self.slot_stride
 
 
 def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
@@ -43,20 +65,15 @@ def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
 
 
 @cute.jit
-def _await_arrivals(
-    counters: cute.Tensor,
-    counter: Int32,
-    arrivals: Int32,
-    thread: Int32,
-    barrier: pipeline.NamedBarrier,
-):
-    """Hold the group until `arrivals` items have counted in at `counter` (thread 0 polls it
-    with acquire semantics, the barrier releases the others)."""
-    if thread == 0:
-        seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
+def _await_arrivals(tile: SharedTile, arrivals: Int32):
+    """Hold the group until `arrivals` items have counted in at the tile's counter (thread 0
+    polls it with acquire semantics, the barrier releases the others)."""
+    counter = tile.counters.iterator + tile.counter
+    if tile.thread == 0:
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
         while seen < arrivals:
-            seen = cute.arch.load(counters.iterator + counter, Int32, sem="acquire", scope="gpu")
-    barrier.arrive_and_wait()
+            seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    tile.barrier.arrive_and_wait()
 
 
 def _partial_load_atom() -> cute.CopyAtom:
@@ -70,55 +87,38 @@ def _partial_load_atom() -> cute.CopyAtom:
 
 
 @cute.jit
-def publish_partial(
-    accumulators: cute.Tensor,
-    workspace: cute.Tensor,
-    counters: cute.Tensor,
-    slot: Int32,
-    counter: Int32,
-    thread: Int32,
-    threads: cutlass.Constexpr,
-    barrier: pipeline.NamedBarrier,
-):
-    """Write this item's partial sums to `slot` and count it in at `counter`. `thread` counts
-    from 0 among the `threads` (synchronised by `barrier`) that hold the tile."""
+def publish_partial(accumulators: cute.Tensor, tile: SharedTile, slot: Int32):
+    """Write this item's partial sums to `slot` and count it in at the tile's counter."""
     values = cute.size(accumulators)
     acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, values // 4)))
     store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), cutlass.Float32, num_bits_per_copy=128)
-    cute.copy(store, acc, _partials(workspace, values, threads)[((None, None, thread), slot)])
-    barrier.arrive_and_wait()
-    if thread == 0:
+    partials = _partials(tile.workspace, values, tile.threads)
+    cute.copy(store, acc, partials[((None, None, tile.thread), slot)])
+    tile.barrier.arrive_and_wait()
+    if tile.thread == 0:
         # release the group's partials (ordered before us by the barrier) to the owner; a
         # reduction, not an atomic, so the warp does not wait for the old value to come back
         cute.arch.fence_acq_rel_gpu()
         cute.arch.red(
-            counters.iterator + counter, Int32(1), op="add", dtype="s32", sem="relaxed", scope="gpu"
+            tile.counters.iterator + tile.counter,
+            Int32(1),
+            op="add",
+            dtype="s32",
+            sem="relaxed",
+            scope="gpu",
         )
 
 
 @cute.jit
-def gather_partials(
-    accumulators: cute.Tensor,
-    workspace: cute.Tensor,
-    counters: cute.Tensor,
-    first_slot: Int32,
-    slot_stride: cutlass.Constexpr,
-    counter: Int32,
-    segment: Int32,
-    segments: Int32,
-    thread: Int32,
-    threads: cutlass.Constexpr,
-    barrier: pipeline.NamedBarrier,
-):
-    """Wait for the other `segments - 1` items, then add their partials (segment j's in slot
-    `first_slot + j * slot_stride`) to the accumulators, in segment order, skipping our own
-    `segment`."""
+def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
+    """Wait for the tile's other `segments - 1` items, then add their partials to the
+    accumulators, in segment order, skipping our own segment."""
     values = cute.size(accumulators)
-    _await_arrivals(counters, counter, segments - 1, thread, barrier)
-    if thread == 0:
-        cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")
+    _await_arrivals(tile, tile.segments - 1)
+    if tile.thread == 0:
+        cute.arch.store(tile.counters.iterator + tile.counter, Int32(0), sem="relaxed", scope="gpu")
     load = _partial_load_atom()
-    partials = _partials(workspace, values, threads)
+    partials = _partials(tile.workspace, values, tile.threads)
     chunk = math.gcd(values, MAX_CHUNK)
     vectors = chunk // 4
     partial = cute.make_rmem_tensor((4, vectors), cutlass.Float32)
@@ -126,14 +126,14 @@ def gather_partials(
         sum_view = cute.make_tensor(
             accumulators.iterator + c * chunk, cute.make_layout((4, vectors))
         )
-        for other in range(segments):
-            if other != segment:
-                source = partials[((None, None, thread), first_slot + other * slot_stride)]
+        for other in range(tile.segments):
+            if other != tile.segment:
+                source = partials[((None, None, tile.thread), tile.slot(other))]
                 cute.copy(
                     load,
                     cute.make_tensor(
-                        source.iterator + c * vectors * 4 * threads,
-                        cute.make_layout((4, vectors), stride=(1, 4 * threads)),
+                        source.iterator + c * vectors * 4 * tile.threads,
+                        cute.make_layout((4, vectors), stride=(1, 4 * tile.threads)),
                     ),
                     partial,
                 )
@@ -147,16 +147,7 @@ SHARE_GROUP = 4
 @cute.jit
 def reduce_share(
     accumulators: cute.Tensor,
-    workspace: cute.Tensor,
-    counters: cute.Tensor,
-    first_slot: Int32,
-    slot_stride: cutlass.Constexpr,
-    counter: Int32,
-    segment: Int32,
-    segments: Int32,
-    thread: Int32,
-    threads: cutlass.Constexpr,
-    barrier: pipeline.NamedBarrier,
+    tile: SharedTile,
     tCgC: cute.Tensor,
     tCcC: cute.Tensor,
     extent_mn: tuple,
@@ -170,18 +161,18 @@ def reduce_share(
     value goes. The last segment to leave resets the counter."""
     values = cute.size(accumulators)
     blocks = values // 4
-    _await_arrivals(counters, counter, segments, thread, barrier)
+    _await_arrivals(tile, tile.segments)
     load = _partial_load_atom()
-    partials = _partials(workspace, values, threads)
-    begin = balanced_begin(segment, segments, blocks)
-    end = balanced_begin(segment + 1, segments, blocks)
+    partials = _partials(tile.workspace, values, tile.threads)
+    begin = balanced_begin(tile.segment, tile.segments, blocks)
+    end = balanced_begin(tile.segment + 1, tile.segments, blocks)
     sums = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
     partial = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
     out = cute.make_rmem_tensor((4,), out_dtype)
     for first in range(begin, end, SHARE_GROUP):
         sums.fill(0.0)
-        for j in range(segments):
-            source = partials[((None, None, thread), first_slot + j * slot_stride)]
+        for j in range(tile.segments):
+            source = partials[((None, None, tile.thread), tile.slot(j))]
             for g in cutlass.range_constexpr(SHARE_GROUP):
                 if first + g < end:
                     cute.copy(load, source[(None, first + g)], partial[(None, g)])
@@ -194,10 +185,9 @@ def reduce_share(
                     coord = tCcC[index]
                     if coord[0] < extent_mn[0] and coord[1] < extent_mn[1]:
                         tCgC[index] = out[v]
-    barrier.arrive_and_wait()
-    if thread == 0:
-        left = cute.arch.atomic_add(
-            counters.iterator + counter, Int32(1), sem="relaxed", scope="gpu"
-        )
-        if left == 2 * segments - 1:
-            cute.arch.store(counters.iterator + counter, Int32(0), sem="relaxed", scope="gpu")
+    tile.barrier.arrive_and_wait()
+    if tile.thread == 0:
+        counter = tile.counters.iterator + tile.counter
+        left = cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu")
+        if left == 2 * tile.segments - 1:
+            cute.arch.store(counter, Int32(0), sem="relaxed", scope="gpu")

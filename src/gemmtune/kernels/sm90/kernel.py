@@ -25,7 +25,12 @@ from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.reduction import gather_partials, publish_partial, reduce_share
+from gemmtune.kernels.reduction import (
+    SharedTile,
+    gather_partials,
+    publish_partial,
+    reduce_share,
+)
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
@@ -466,34 +471,28 @@ class HopperGemm:
                 if cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
                         # slots and counters are per CTA of the cluster
-                        first = first_slot * cluster_ctas + cta_rank
-                        counter_index = counter * cluster_ctas + cta_rank
+                        shared = SharedTile(
+                            workspace,
+                            counters,
+                            first_slot * cluster_ctas + cta_rank,
+                            cluster_ctas,
+                            counter * cluster_ctas + cta_rank,
+                            segment,
+                            segments,
+                            thread_in_group,
+                            group_threads,
+                            group_barrier,
+                        )
                         if segment != owner:  # every split-K split; stream-K's non-owners
                             publish_partial(
-                                accumulators,
-                                workspace,
-                                counters,
-                                partial_slot * cluster_ctas + cta_rank,
-                                counter_index,
-                                thread_in_group,
-                                group_threads,
-                                group_barrier,
+                                accumulators, shared, partial_slot * cluster_ctas + cta_rank
                             )
                         if cutlass.const_expr(self.scatters):
                             final = False
                             tile = (None, None, tile_m_idx, tile_n_idx, batch)
                             reduce_share(
                                 accumulators,
-                                workspace,
-                                counters,
-                                first,
-                                cluster_ctas,
-                                counter_index,
-                                segment,
-                                segments,
-                                thread_in_group,
-                                group_threads,
-                                group_barrier,
+                                shared,
                                 thr_mma.partition_C(gC[tile]),
                                 thr_mma.partition_C(coords[tile]),
                                 (mC.shape[0], mC.shape[1]),
@@ -502,19 +501,7 @@ class HopperGemm:
                         else:
                             final = segment == owner
                             if final:
-                                gather_partials(
-                                    accumulators,
-                                    workspace,
-                                    counters,
-                                    first,
-                                    cluster_ctas,
-                                    counter_index,
-                                    segment,
-                                    segments,
-                                    thread_in_group,
-                                    group_threads,
-                                    group_barrier,
-                                )
+                                gather_partials(accumulators, shared)
                 if final:
                     if cutlass.const_expr(self.config.tma_store):
                         ring_start = 0
