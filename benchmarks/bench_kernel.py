@@ -48,6 +48,11 @@ CANDIDATES = (
         for cm, cn in ((1, 1), (2, 1), (1, 2))
     ]
     + [GemmConfig(tile_m=256, tile_n=192, cluster_m=cm) for cm in (1, 2)]
+    # three consumer warpgroups: cuBLAS's tile for 2048x2304 (132 tiles on 132 SMs)
+    + [
+        GemmConfig(tile_m=192, tile_n=192, cluster_m=cm, cluster_n=cn)
+        for cm, cn in ((1, 1), (2, 1), (1, 2))
+    ]
     + [
         GemmConfig(tile_m=128, tile_n=192, cluster_m=2),
         GemmConfig(tile_m=128, tile_n=128, cluster_m=2),

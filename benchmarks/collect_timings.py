@@ -8,9 +8,9 @@ reference, then timed: CUDA events, 5 ms warm-up, L2 flushed before each run, me
 
     python benchmarks/collect_timings.py --out-dir $OUT
 
-`--match x144_ --merge results/timings-....json.gz` times only the binaries whose key holds
-`x144_` and keeps the earlier file's rows of every other binary (after a change to some
-families only).
+`--match '_(192x|256x160_)' --merge results/timings-....json.gz` times only the binaries
+whose key the regular expression finds and keeps the earlier file's rows of every other
+binary (after a change to some families only).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import datetime
 import gzip
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -80,12 +81,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--shapes", default="")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--match", default="", help="time only binaries whose key holds this")
+    parser.add_argument("--match", default="", help="time only binaries whose key this regex finds")
     parser.add_argument("--merge", type=Path, help="earlier timings: keep its other rows")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = [
-        c for c in rules.implemented_configs(tuple(Decomposition)) if args.match in c.compile_key
+        c
+        for c in rules.implemented_configs(tuple(Decomposition))
+        if re.search(args.match, c.compile_key)
     ]
     jobs = [CompileJob(c, KernelSignature()) for c in configs]
     start = time.perf_counter()
@@ -112,7 +115,7 @@ def main() -> None:
     if args.merge:
         with gzip.open(args.merge) as f:
             earlier = json.load(f)
-        rows = [r for r in earlier["rows"] if args.match not in r["config"]]
+        rows = [r for r in earlier["rows"] if not re.search(args.match, r["config"])]
         method += (
             f"; binaries with '{args.match}' in their key timed on {datetime.date.today()}, "
             f"the others' rows from {args.merge.name} (its method: {earlier['method']})"

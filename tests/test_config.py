@@ -61,8 +61,14 @@ def test_strings_become_enums_and_config_is_frozen():
     ("fields", "field", "why"),
     [
         ({"arch": "sm_80"}, "arch", "must be one of"),
-        ({"tile_m": 96}, "tile_m", "64, 128 or 256"),
-        ({"tile_m": 512}, "tile_m", "64, 128 or 256"),
+        ({"tile_m": 96}, "tile_m", "one of (64, 128, 192, 256)"),
+        ({"tile_m": 512}, "tile_m", "one of (64, 128, 192, 256)"),
+        ({"arch": "sm_100", "tile_m": 192}, "tile_m", "M of 64 or 128"),
+        (
+            {"arch": "sm_100", "two_cta": True, "cluster_m": 2, "tile_m": 192},
+            "tile_m",
+            "128 or 256",
+        ),
         ({"tile_n": 100}, "tile_n", "multiple of 8"),
         ({"tile_n": 264}, "tile_n", "multiple of 8"),
         ({"tile_n": 0}, "tile_n", "multiple of 8"),

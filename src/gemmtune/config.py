@@ -50,6 +50,8 @@ class Raster(str, enum.Enum):
 
 ARCHES = ("sm_90", "sm_100")
 SWIZZLES = (1, 2, 4, 8)
+# MMA rows: multiples of Hopper's 64-row warpgroup MMA (192 = three warpgroups)
+TILE_MS = (64, 128, 192, 256)
 MAX_CLUSTER_CTAS = 16  # Hopper and Blackwell allow 16 with the non-portable cluster attribute
 MAX_SPLITS = 16
 # torch.matmul (cuBLAS) as a tuning candidate: its name where a config key would stand
@@ -117,8 +119,8 @@ class GemmConfig:
                 fail(name, "must be a bool")
         if self.arch not in ARCHES:
             fail("arch", f"must be one of {ARCHES}")
-        if not _is_pow2(self.tile_m) or not 64 <= self.tile_m <= 256:
-            fail("tile_m", "must be 64, 128 or 256")
+        if self.tile_m not in TILE_MS:
+            fail("tile_m", f"must be one of {TILE_MS}")
         if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
             fail("tile_n", "must be a multiple of 8 from 8 to 256 (the MMA instruction's N)")
         for name in ("cluster_m", "cluster_n"):
@@ -131,7 +133,7 @@ class GemmConfig:
                 fail("two_cta", "2-CTA MMA instructions exist on sm_100 only")
             if self.cluster_m % 2:
                 fail("cluster_m", "2-CTA instructions need an even cluster_m")
-            if self.tile_m < 128:
+            if self.tile_m not in (128, 256):
                 fail("tile_m", "2-CTA instructions need tile_m of 128 or 256")
         elif self.arch == "sm_100" and self.tile_m > 128:
             fail("tile_m", "a 1-CTA sm_100 MMA has M of 64 or 128; 256 needs two_cta")

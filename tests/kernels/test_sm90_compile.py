@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gemmtune.compile_pool import CompileJob, inspect_all
-from gemmtune.config import GemmConfig
+from gemmtune.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 
@@ -39,9 +39,22 @@ def _check(jobs):
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_hgmma_without_spills():
     configs = rules.implemented_configs()
-    assert len(configs) == 224
+    assert len(configs) == 272
     reports = _check([CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
+
+
+@needs_nvdisasm
+def test_every_tile_compiles_split_k_and_stream_k():
+    """Each tile and schedule with each decomposition that shares tiles, the cluster shapes
+    and epilogues taken in turn (the reduction's code depends on the tile and the schedule)."""
+    configs = rules.implemented_configs((Decomposition.SPLIT_K, Decomposition.STREAM_K))
+    by_tile: dict = {}
+    for c in configs:
+        by_tile.setdefault((c.schedule, c.tile_m, c.tile_n, c.decomposition), []).append(c)
+    chosen = [variants[i % len(variants)] for i, variants in enumerate(by_tile.values())]
+    assert {c.decomposition for c in chosen} == {Decomposition.SPLIT_K, Decomposition.STREAM_K}
+    _check([CompileJob(c, KernelSignature()) for c in chosen])
 
 
 SIGNATURES = [

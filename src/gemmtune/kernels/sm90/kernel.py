@@ -1,8 +1,8 @@
 """The Hopper persistent warp-specialized GEMM: mainloop + epilogue + tile scheduler.
 
 One CTA = one producer warpgroup (warp 0 issues the TMA loads; its registers go to the
-consumers) and two consumer warpgroups issuing WGMMA.
-- cooperative: both consumer warpgroups work on one tile, each on half of its rows;
+consumers) and two consumer warpgroups issuing WGMMA (three for 192-row tiles).
+- cooperative: all consumer warpgroups work on one tile, each on its share of the rows;
 - ping-pong: they take alternate tiles. Named barriers order their mainloops (so their
   WGMMAs do not compete and each finds its stages in the expected phase) and their
   epilogues (they share the epilogue's shared memory), so one's epilogue overlaps the
@@ -80,9 +80,11 @@ class HopperGemm:
         self.b_layout = LayoutEnum.ROW_MAJOR if signature.b_major == "k" else LayoutEnum.COL_MAJOR
         self.c_layout = LayoutEnum.ROW_MAJOR if signature.out_major == "n" else LayoutEnum.COL_MAJOR
         wg = rules.THREADS_PER_WARPGROUP
-        self.threads = 3 * wg
+        self.consumers = rules.consumer_warpgroups(config)
+        self.producer_registers, self.consumer_registers = rules.register_split(config)
+        self.threads = (1 + self.consumers) * wg
         # threads that compute one tile, and warps that free each A/B stage
-        self.tile_threads = 2 * wg if self.cooperative else wg
+        self.tile_threads = self.consumers * wg if self.cooperative else wg
         self.mcast_a = config.cluster_n  # an A tile is shared along the cluster's N
         self.mcast_b = config.cluster_m
         self.shares_tiles = config.decomposition is not Decomposition.DATA_PARALLEL
@@ -90,7 +92,7 @@ class HopperGemm:
         self.scatters = config.decomposition is Decomposition.SPLIT_K
 
     def _tiled_mma(self) -> cute.TiledMma:
-        atoms = (2, 1, 1) if self.cooperative else (1, 1, 1)
+        atoms = (self.consumers, 1, 1) if self.cooperative else (1, 1, 1)
         return sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype,
             self.ab_dtype,
@@ -309,7 +311,7 @@ class HopperGemm:
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
         if warp_group == 0:
-            cute.arch.setmaxregister_decrease(rules.PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.producer_registers)
             if warp_idx == 0:
                 mainloop.produce(
                     ab_pipeline,
@@ -326,7 +328,7 @@ class HopperGemm:
                     self.ab_stages,
                 )
         else:
-            cute.arch.setmaxregister_increase(rules.CONSUMER_REGISTERS)
+            cute.arch.setmaxregister_increase(self.consumer_registers)
             self.consume(
                 ab_pipeline,
                 scheduler,
@@ -368,13 +370,13 @@ class HopperGemm:
     ):
         """The consumer warpgroups: mainloop, turnstile and epilogue of each of their items.
 
-        Both warpgroups walk the CTA's whole item sequence, the producer's order. Cooperative
-        warpgroups compute every item together; a ping-pong warpgroup computes every other one
-        and skips the other's k-tiles in the pipeline.
+        Every consumer warpgroup walks the CTA's whole item sequence, the producer's order.
+        Cooperative warpgroups compute every item together; a ping-pong warpgroup computes
+        every other one and skips the other's k-tiles in the pipeline.
         """
         wg = rules.THREADS_PER_WARPGROUP
         thread_in_group = tidx - wg
-        group_threads = 2 * wg
+        group_threads = self.tile_threads
         barrier_id = EPILOGUE_BARRIER
         store_warp = wg // 32
         if cutlass.const_expr(not self.cooperative):

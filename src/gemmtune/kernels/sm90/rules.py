@@ -23,14 +23,21 @@ TILE_K = 64
 AB_BYTES = 2  # bf16 and fp16
 
 THREADS_PER_WARPGROUP = 128
-#: Registers per thread after `setmaxnreg`: the producer gives up what the consumers take.
-PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232
-#: Accumulator registers a consumer thread may hold and still leave room for addressing,
-#: the epilogue's conversion and the pipeline state without spilling.
-MAX_ACCUMULATOR_REGISTERS = 192
+#: 32-bit registers of one SM, all of them for the one CTA it holds.
+REGISTER_FILE = 65536
+#: Registers a consumer thread needs besides its accumulators (addressing, the epilogue's
+#: conversion, the pipeline state) so as not to spill.
+CONSUMER_OVERHEAD_REGISTERS = 40
+#: Split-K's scattered sum needs registers beyond the accumulators: tiles of 192 accumulator
+#: registers per thread (256x192 cooperative, 128x192 ping-pong) spilled, 160 did not.
+SPLIT_K_MAX_ACCUMULATOR_REGISTERS = 160
+#: Registers one WGMMA instruction needs besides its accumulators. ptxas grants a single
+#: instruction no more than the launch's share (65536 / threads, whatever `setmaxnreg` gives
+#: later): with 512 threads an m64n224 WGMMA (112 accumulators) asked for 138 of 128.
+WGMMA_OVERHEAD_REGISTERS = 26
 
-TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 256), Schedule.PINGPONG: (64, 128)}
+# 192 = three 64-row warpgroups (cuBLAS's 192x192 tile makes 132 tiles of a 2048x2304 output)
+TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 192, 256), Schedule.PINGPONG: (64, 128)}
 # multiples of 32, and 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
 # leaves 12 idle and wastes most of a column of tiles)
 TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144)))
@@ -57,15 +64,39 @@ class SmemPlan:
         )
 
 
+def consumer_warpgroups(config: GemmConfig) -> int:
+    """WGMMA warpgroups per CTA: three for a 192-row cooperative tile (64 rows each), else two."""
+    return 3 if config.schedule is Schedule.COOPERATIVE and config.tile_m == 192 else 2
+
+
+def register_split(config: GemmConfig) -> tuple[int, int]:
+    """Registers per thread of the producer and of the consumers after `setmaxnreg`: the
+    producer keeps little (24 is the least allowed, taken where three consumers need it)
+    and the consumers share the rest, in multiples of 8."""
+    consumers = consumer_warpgroups(config)
+    producer = 40 if consumers == 2 else 24
+    per_row = REGISTER_FILE // THREADS_PER_WARPGROUP
+    return producer, (per_row - producer) // consumers // 8 * 8
+
+
 def mma_tile_m(config: GemmConfig) -> int:
-    """Rows one MMA pass covers: both warpgroups (cooperative) or one (ping-pong), 64 each."""
-    return 128 if config.schedule is Schedule.COOPERATIVE else 64
+    """Rows one MMA pass covers: all consumer warpgroups (cooperative) or one (ping-pong),
+    64 each."""
+    if config.schedule is Schedule.COOPERATIVE:
+        return 64 * consumer_warpgroups(config)
+    return 64
 
 
 def accumulator_registers(config: GemmConfig) -> int:
     """fp32 accumulator registers each consumer thread holds for its (share of a) tile."""
-    rows_per_warpgroup = config.tile_m // (2 if config.schedule is Schedule.COOPERATIVE else 1)
+    rows_per_warpgroup = config.tile_m
+    if config.schedule is Schedule.COOPERATIVE:
+        rows_per_warpgroup //= consumer_warpgroups(config)
     return rows_per_warpgroup * config.tile_n // THREADS_PER_WARPGROUP
+
+
+def max_accumulator_registers(config: GemmConfig) -> int:
+    return register_split(config)[1] - CONSUMER_OVERHEAD_REGISTERS
 
 
 def epi_tile(config: GemmConfig) -> tuple[int, int]:
@@ -78,15 +109,23 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest."""
     ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K * AB_BYTES
-    if config.tma_store:
-        epi_m, epi_n = epi_tile(config)
-        epi_stage_bytes = epi_m * epi_n * signature.out_bytes
-        subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
-        epi_stages = min(subtiles, 4 if signature.out_bytes == 2 else 2)
-    else:
-        epi_stage_bytes, epi_stages = 0, 0
-    free = SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes
-    return SmemPlan(free // ab_stage_bytes, epi_stages, ab_stage_bytes, epi_stage_bytes)
+
+    def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
+        return (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
+
+    if not config.tma_store:
+        return SmemPlan(ab_stages(0, 0), 0, ab_stage_bytes, 0)
+    epi_m, epi_n = epi_tile(config)
+    epi_stage_bytes = epi_m * epi_n * signature.out_bytes
+    subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
+    epi_stages = min(subtiles, 4 if signature.out_bytes == 2 else 2)
+    # two buffers where four would cost an A/B stage: the stage is worth more (four 48-column
+    # buffers in place of an A/B stage measured 5 % slower)
+    if epi_stages > 2 and ab_stages(2, epi_stage_bytes) > ab_stages(epi_stages, epi_stage_bytes):
+        epi_stages = 2
+    return SmemPlan(
+        ab_stages(epi_stages, epi_stage_bytes), epi_stages, ab_stage_bytes, epi_stage_bytes
+    )
 
 
 def implements(config: GemmConfig) -> str | None:
@@ -100,11 +139,23 @@ def implements(config: GemmConfig) -> str | None:
         return f"tile_n must be one of {TILE_N_CHOICES}, not {config.tile_n}"
     if (config.cluster_m, config.cluster_n) not in CLUSTER_SHAPES:
         return f"cluster {config.cluster_m}x{config.cluster_n} is not one of {CLUSTER_SHAPES}"
+    threads = (1 + consumer_warpgroups(config)) * THREADS_PER_WARPGROUP
+    wgmma_registers = 64 * config.tile_n // THREADS_PER_WARPGROUP + WGMMA_OVERHEAD_REGISTERS
+    if wgmma_registers > REGISTER_FILE // threads:
+        return (
+            f"an m64n{config.tile_n} WGMMA needs {wgmma_registers} registers per thread, more "
+            f"than a launch of {threads} threads has ({REGISTER_FILE // threads})"
+        )
     regs = accumulator_registers(config)
-    if regs > MAX_ACCUMULATOR_REGISTERS:
+    if regs > max_accumulator_registers(config):
         return (
             f"a {config.tile_m}x{config.tile_n} {config.schedule.value} tile needs {regs} "
-            f"accumulator registers per thread, more than {MAX_ACCUMULATOR_REGISTERS}"
+            f"accumulator registers per thread, more than {max_accumulator_registers(config)}"
+        )
+    if config.decomposition is Decomposition.SPLIT_K and regs > SPLIT_K_MAX_ACCUMULATOR_REGISTERS:
+        return (
+            f"split-K's reduction spills with {regs} accumulator registers per thread (at most "
+            f"{SPLIT_K_MAX_ACCUMULATOR_REGISTERS})"
         )
     plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
     if plan.ab_stages < MIN_AB_STAGES:

@@ -1,0 +1,74 @@
+"""The Hopper kernel's rules (plain Python): warpgroups, registers, shared memory, validity."""
+
+import dataclasses
+
+import pytest
+
+from gemmtune.config import GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90 import rules
+
+WG = rules.THREADS_PER_WARPGROUP
+
+
+@pytest.mark.parametrize(
+    ("config", "consumers", "rows_per_pass"),
+    [
+        (GemmConfig(tile_m=192, tile_n=192), 3, 192),
+        (GemmConfig(tile_m=256, tile_n=128), 2, 128),
+        (GemmConfig(tile_m=128, tile_n=256), 2, 128),
+        (GemmConfig(tile_m=128, tile_n=128, schedule="pingpong"), 2, 64),
+    ],
+)
+def test_consumer_warpgroups_split_the_rows(config, consumers, rows_per_pass):
+    assert rules.consumer_warpgroups(config) == consumers
+    assert rules.mma_tile_m(config) == rows_per_pass
+    assert rules.epi_tile(config)[0] == rows_per_pass
+
+
+def test_register_split_fits_the_register_file():
+    for config in rules.implemented_configs():
+        producer, consumer = rules.register_split(config)
+        consumers = rules.consumer_warpgroups(config)
+        assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= producer <= consumer <= 256
+        assert (producer + consumers * consumer) * WG <= rules.REGISTER_FILE
+        assert rules.accumulator_registers(config) <= consumer - rules.CONSUMER_OVERHEAD_REGISTERS
+    # the consumers get all but the producer's share, rounded down to a multiple of 8
+    assert rules.register_split(GemmConfig(tile_m=256, tile_n=128)) == (40, 232)
+    assert rules.register_split(GemmConfig(tile_m=192, tile_n=192)) == (24, 160)
+
+
+def test_192_row_tiles_stop_where_one_wgmma_outgrows_a_512_thread_launch():
+    assert rules.implements(GemmConfig(tile_m=192, tile_n=192)) is None
+    why = rules.implements(GemmConfig(tile_m=192, tile_n=224))
+    assert why is not None and "m64n224 WGMMA" in why and "512 threads" in why
+    # two consumer warpgroups (384 threads) leave room for the widest WGMMA
+    assert rules.implements(GemmConfig(tile_m=128, tile_n=256)) is None
+    assert "tile_m" in rules.implements(GemmConfig(tile_m=192, tile_n=128, schedule="pingpong"))
+
+
+def test_every_plan_fits_shared_memory():
+    for config in rules.implemented_configs():
+        for out in ("bf16", "fp32"):
+            plan = rules.smem_plan(config, KernelSignature(out_dtype=out))
+            assert plan.total_bytes <= rules.SMEM_CAPACITY
+            assert plan.ab_stages >= rules.MIN_AB_STAGES
+            assert plan.epi_stages in ((0,) if not config.tma_store else (2, 3, 4))
+
+
+def test_epilogue_gives_up_buffers_only_for_an_ab_stage():
+    sig = KernelSignature()
+    # 192x192: four 12 KB buffers leave 3 A/B stages of 48 KB, two leave 4
+    plan = rules.smem_plan(GemmConfig(tile_m=192, tile_n=192), sig)
+    assert (plan.ab_stages, plan.epi_stages) == (4, 2)
+    # 256x128: two buffers would not buy a fifth stage, so it keeps four
+    plan = rules.smem_plan(GemmConfig(tile_m=256, tile_n=128), sig)
+    assert (plan.ab_stages, plan.epi_stages) == (4, 4)
+    assert rules.smem_plan(GemmConfig(tile_m=256, tile_n=128, tma_store=False), sig).ab_stages == 4
+
+
+def test_split_k_keeps_registers_for_its_reduction():
+    wide = GemmConfig(tile_m=256, tile_n=192, decomposition="split_k", splits=2)
+    assert "spills" in rules.implements(wide)
+    assert rules.implements(GemmConfig(tile_m=256, tile_n=192, decomposition="stream_k")) is None
+    assert rules.implements(dataclasses.replace(wide, tile_n=160)) is None
