@@ -34,6 +34,7 @@ from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, suggest_decomposition
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90 import rules
 
 SWEEP_TILE = GemmConfig(tile_m=128, tile_n=128, cluster_m=2)
 SWEEP_SPLITS = (2, 3, 4)
@@ -49,7 +50,7 @@ SUITE_TILES = {
     "l8b_qkv_128": GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"),
     "l8b_down_128": GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"),
     "wave_1k_4352": GemmConfig(tile_m=128, tile_n=160, schedule="pingpong", cluster_m=2),
-    "wave_2k_2304": GemmConfig(tile_m=256, tile_n=160, cluster_m=2),
+    "wave_2k_2304": GemmConfig(tile_m=192, tile_n=192),  # run 4 of that file
     "smallmn_512_32k": GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"),
     "smallmn_256_1k_64k": GemmConfig(tile_m=64, tile_n=128, schedule="pingpong"),
 }
@@ -58,12 +59,14 @@ log = logging.getLogger("bench_decomposition")
 
 
 def variants(config: GemmConfig) -> list[GemmConfig]:
-    return [
+    """The tile under each decomposition the kernel implements for it (data-parallel first)."""
+    every = [
         GemmConfig.from_dict(
             {**config.to_dict(), "decomposition": d, "splits": 2 if d == "split_k" else 1}
         )
         for d in DECOMPOSITIONS
     ]
+    return [c for c in every if rules.implements(c) is None]
 
 
 def compile_kernels(configs: list[GemmConfig]) -> dict:
@@ -167,6 +170,8 @@ def heuristic(kernels: dict, flush, runs: int) -> list[dict]:
         chosen = GemmConfig.from_dict(
             {**config.to_dict(), "decomposition": choice, "splits": splits}
         )
+        if rules.implements(chosen) is not None:
+            raise RuntimeError(f"{shape['name']}: {rules.implements(chosen)}")
         problem = Problem(m, n, k, kernels)
         cublas_ms, (dp_ms, chosen_ms) = problem.time([dp, chosen], flush, runs)
         rows.append(
