@@ -115,8 +115,9 @@ def test_exhaustive_times_every_binary_and_split_count():
     )
     split_k = [r for r in result.results if r.config.decomposition is Decomposition.SPLIT_K]
     assert {r.config.splits for r in split_k} == {2, 3, 4, 6, 8, 12, 16}
-    assert len(compiled) == 672
-    assert len(result.results) == 672 - 224 + 224 * 7
+    # 272 data-parallel and 272 stream-K binaries, 256 split-K ones at 7 split counts each
+    assert len(compiled) == 800
+    assert len(result.results) == 272 + 272 + 256 * 7
 
 
 def test_unsupported_problems_are_refused():
