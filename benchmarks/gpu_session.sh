@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests kernel launch decomp timings tuning cache suite (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
+# Steps: doctor tests kernel launch decomp energy timings tuning cache suite (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
@@ -18,6 +18,7 @@ for step in $steps; do
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
     cache) timeout 560 python3 benchmarks/bench_cache.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-cache.txt" | grep -v "^nvdisasm" ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
+    energy) timeout 300 python3 benchmarks/bench_energy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-energy.txt" | grep -v "^nvdisasm" ;;
     decomp) timeout 400 python3 benchmarks/bench_decomposition.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-decomposition.txt" | grep -v "^nvdisasm" ;;
     *) echo "unknown step $step" ;;
   esac
