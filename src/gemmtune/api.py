@@ -43,7 +43,7 @@ MODE_ENV = "GEMMTUNE_MODE"
 MODES = ("tune", "cache-only", "heuristic", "off")
 CUBLAS_ENV = "GEMMTUNE_CUBLAS"
 # how much faster, scaled to a shape, a bucket's runner-up must be than its winner to replace it:
-# the runners-up were not all timed side by side, and the model's ratios are rough
+# the runners-up were not all timed in the final, and the model's ratios are rough
 SWITCH_MARGIN = 1.05
 
 
@@ -283,9 +283,9 @@ class Dispatcher:
 
 def record_of(result) -> TunedRecord:
     """What the results cache keeps of a `TuneResult`: its winner first, then the other
-    finalists at their side-by-side times (comparable with the winner's), then the rest at
-    their first, shorter timings (which run faster than a long side-by-side on a warm GPU, so
-    they are never ranked against the finalists)."""
+    finalists at their final times (comparable with the winner's), then the rest at their
+    first, shorter timings (taken at other clocks, so they are never ranked against the
+    finalists)."""
     ok = [r for r in result.results if r.ok]
     final = [(r.config.key, r.final_ms) for r in ok if r.final_ms is not None]
     if result.cublas_ms is not None:

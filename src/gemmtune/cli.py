@@ -130,7 +130,7 @@ def _tune_report(result, gpu: str) -> dict:
     def rank(r) -> float:
         return r.final_ms or r.ms
 
-    # finalists (timed side by side) first: their times are comparable with each other only
+    # finalists (timed in the final) first: their times are comparable with each other only
     timed = sorted((r for r in result.results if r.ok), key=lambda r: (r.final_ms is None, rank(r)))
     failed = [r for r in result.results if not r.ok]
     rows = [
@@ -191,7 +191,7 @@ def _format_tune(report: dict) -> str:
     if rows:
         headers = [" config", "pred us", "ms", "final ms", "TFLOP/s", "rel err", "error"]
         lines += [_table(headers, rows, right="<>>>>><"), ""]
-        lines.append("(* the winner; final ms: side by side with the other finalists)")
+        lines.append("(* the winner; final ms: in windows taken in turn with the other finalists)")
     else:
         lines.append("no candidate was timed")
     if report["best"] is not None:
@@ -389,7 +389,8 @@ def _bench(args: argparse.Namespace) -> int:
     if not args.json:
         print(
             f"gemmtune bench: {len(shapes)} shapes, {args.dtype}, mode {args.mode}, "
-            f"{args.runs} runs each (cold L2), on {torch.cuda.get_device_name()}; "
+            f"each alone in 3 windows of ~100 ms (at most {args.runs} runs, cold L2), on "
+            f"{torch.cuda.get_device_name()}; "
             "ratio = cublas_ms / ours_ms, above 1: gemmtune is faster"
         )
         print(_bench_line([name for name, _, _ in _BENCH_COLUMNS]))
@@ -535,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "bench",
         help="the public shape suite: tuned_gemm against cuBLAS",
-        description="Time tuned_gemm and torch.matmul (cuBLAS) side by side, cold L2, on every "
+        description="Time tuned_gemm and torch.matmul (cuBLAS), each alone in windows taken in "
+        "turn, cold L2, on every "
         "shape of the suite, after checking tuned_gemm's result. ratio = cublas_ms / ours_ms "
         "(above 1: gemmtune is faster). Needs a CUDA GPU.",
     )
@@ -555,7 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
         "or heuristic",
     )
     p.add_argument(
-        "--runs", type=int, default=50, metavar="N", help="timed runs per shape (default 50)"
+        "--runs",
+        type=int,
+        default=400,
+        metavar="N",
+        help="at most N timed runs per window of ~100 ms, 3 windows each (default 400)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
     p.set_defaults(run=_bench)

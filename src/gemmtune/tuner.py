@@ -5,14 +5,16 @@
     compile pool (processes)            their binaries, in parallel ...
     benchmark worker (process)          ... while each finished one is verified, then timed
     runtime sweep                       raster x swizzle on the best binaries: launches only
-    final                               the best few again, side by side, run by run in turn
+    final                               the best few again, each alone in windows taken in turn
     -> TuneResult                       the best config, and what happened to every candidate
 
 Compiling and timing overlap: the worker times each binary as soon as it is compiled. A
 candidate that fails to compile, computes a wrong result, faults or hangs is recorded as
 failed and never chosen; the caller's process is never at risk (`bench/worker.py`). Timed one
 after another, candidates meet different clocks as the GPU warms (5% apart on a long, large
-GEMM), so the finalists are decided side by side.
+GEMM), so the finalists are decided in windows taken in turn: each runs alone, at the clocks
+its own power allows at the cap, as the caller will run it (interleaving them run by run
+flatters the one that spends more energy per FLOP: `bench.timing.time_in_windows`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class CandidateResult:
     ms: float | None
     rel_err: float | None = None
     error: str | None = None
-    final_ms: float | None = None  # its time side by side with the other finalists
+    final_ms: float | None = None  # its time in the final (windows taken in turn)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +76,7 @@ class TuneResult:
     bench_s: float  # time spent verifying and timing
     wall_s: float
     kernel_paths: dict[str, Path] = field(default_factory=dict)
-    cublas_ms: float | None = None  # torch.matmul, side by side with the finalists
+    cublas_ms: float | None = None  # torch.matmul, in the final with the finalists
 
     @property
     def backend(self) -> str:
@@ -124,7 +126,8 @@ def tune(
     finalists: int = 5,
     warmup_ms: float = 25.0,
     runs: int = 20,
-    final_runs: int = 100,
+    final_window_ms: float = 50.0,
+    final_rounds: int = 3,
     graph: bool = False,
     kernel_dir: Path | str | None = None,
     compile_workers: int | None = None,
@@ -142,11 +145,11 @@ def tune(
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
     are timed at every raster order and swizzle (each candidate: `warmup_ms`, then the median
     of `runs` runs, kept short so that the GPU's clocks move little from one to the next), and
-    the `finalists` best side by side (`final_runs` rounds); `graph` times CUDA-graph replays
-    (what a caller that captures its model in a graph sees); `cublas` adds torch.matmul to
-    the side-by-side final (`TuneResult.backend` says who won). Kernels are written to
-    `kernel_dir` (a temporary folder by default). `compiler`, `runner` and `model` are for
-    tests and experiments.
+    the `finalists` best each alone in windows of `final_window_ms` taken in turn
+    `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
+    model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend`
+    says who won). Kernels are written to `kernel_dir` (a temporary folder by default).
+    `compiler`, `runner` and `model` are for tests and experiments.
     """
     start = time.perf_counter()
     problem = _problem_of(problem_or_a, b)
@@ -257,8 +260,8 @@ def tune(
             job = CompareJob(
                 tuple(r.config.to_json() for r in leaders) + extra,
                 tuple(str(paths[r.config.compile_key]) for r in leaders) + extra,
-                warmup_ms,
-                final_runs,
+                final_window_ms,
+                final_rounds,
                 graph,
             )
             final = worker.compare(job, [r.config.key for r in leaders] + list(extra))

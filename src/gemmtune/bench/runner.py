@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
+from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import check
 from gemmtune.config import CUBLAS, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
@@ -46,14 +46,15 @@ class RunJob:
 
 @dataclass(frozen=True)
 class CompareJob:
-    """Time several verified configs side by side, run by run in turn, so that all meet the
-    same clocks and temperature: the fair way to decide between close finalists. A config
-    named `CUBLAS` (with any kernel path) is torch.matmul, run as a caller without `out` would."""
+    """Time several verified configs each alone, in windows taken in turn (`time_in_windows`):
+    the fair way to decide between close finalists, each at the clocks its own power allows,
+    as a caller runs it. A config named `CUBLAS` (with any kernel path) is torch.matmul, run
+    as a caller without `out` would."""
 
     configs_json: tuple[str, ...]
     kernel_paths: tuple[str, ...]
-    warmup_ms: float = 25.0
-    runs: int = 100
+    window_ms: float = 50.0
+    rounds: int = 3
     graph: bool = False
     kind: str = "compare"
 
@@ -131,8 +132,8 @@ class GemmRunner:
                 config = GemmConfig.from_json(text)
                 keys.append(config.key)
                 runs.append(self._launcher(config, path))
-        timings = time_side_by_side(
-            runs, warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush, graph=job.graph
+        timings = time_in_windows(
+            runs, window_ms=job.window_ms, rounds=job.rounds, flush=self.flush, graph=job.graph
         )
         return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]
 
