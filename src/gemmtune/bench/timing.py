@@ -63,6 +63,27 @@ def _warm_up(fns: list[Callable[[], object]], warmup_ms: float) -> float:
     return warm / turns
 
 
+def _event_pairs(count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """Timing events made before a timed loop, so that the loop only launches."""
+    return [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(count)
+    ]
+
+
+def _timed_call(
+    fn: Callable[[], object],
+    flush: Callable[[], None] | None,
+    events: tuple[torch.cuda.Event, torch.cuda.Event],
+) -> None:
+    """Flush (outside the timed region), then launch `fn` between the two events."""
+    if flush is not None:
+        flush()
+    events[0].record()
+    fn()
+    events[1].record()
+
+
 def as_graph(fn: Callable[[], object]) -> Callable[[], None]:
     """`fn` captured once in a CUDA graph; the result replays it. Replays skip the host's launch
     path, which is what a caller that captures its model in a graph sees."""
@@ -88,17 +109,10 @@ def time_side_by_side(
     if graph:
         fns = [as_graph(fn) for fn in fns]
     _warm_up(fns, warmup_ms)
-    events = [
-        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
-        for _ in range(runs)
-    ]
+    events = [_event_pairs(len(fns)) for _ in range(runs)]
     for run in events:
-        for fn, (begin, end) in zip(fns, run, strict=True):
-            if flush is not None:
-                flush()
-            begin.record()
-            fn()
-            end.record()
+        for fn, pair in zip(fns, run, strict=True):
+            _timed_call(fn, flush, pair)
     torch.cuda.current_stream().synchronize()
     return [_timing([run[i][0].elapsed_time(run[i][1]) for run in events]) for i in range(len(fns))]
 
@@ -129,16 +143,9 @@ def time_in_windows(
         for fn, measured in zip(fns, times, strict=True):
             per_run = _warm_up([fn], warmup_ms)
             runs = max(1, min(max_runs, math.ceil(window_ms / max(per_run, 1e-3))))
-            events = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(runs)
-            ]
-            for begin, end in events:
-                if flush is not None:
-                    flush()
-                begin.record()
-                fn()
-                end.record()
+            events = _event_pairs(runs)
+            for pair in events:
+                _timed_call(fn, flush, pair)
             torch.cuda.current_stream().synchronize()
             measured.extend(begin.elapsed_time(end) for begin, end in events)
     return [_timing(t) for t in times]
