@@ -1,18 +1,17 @@
 """Our Hopper kernel against cuBLAS on the public shape suite (issue 3's speed bar).
 
 For every shape and dtype: the same `torch.randn` tensors for every contender; each candidate
-is checked against a float32 reference (outputs poisoned with NaN first) before it is timed;
-candidates are screened with a few runs, the best get their raster/swizzle swept, the
-finalists are timed against cuBLAS (`torch.mm`) side by side, and the pick is timed against
-cuBLAS once more for the reported numbers: CUDA events, 25 ms warm-up, L2 flushed before
-every run, median of `--runs` runs.
+is checked against a float32 reference (outputs poisoned with NaN first) before it is timed.
+Candidates are screened with a few runs; the best few and the best of each schedule and
+decomposition get their raster and swizzle swept (each variant alone in short windows, in
+turn); those finalists and cuBLAS (`torch.mm`) are timed the way the baselines
+(`baselines-h200.json`) were, with triton's `do_bench` (25 ms warm-up, 100 ms of runs, L2
+cleared before each, median), in turn three times; the best is timed against cuBLAS again,
+five times in turn, for the reported numbers.
 
-Run by run in turn for seconds, the GPU sits at its power cap, where clocks are lower and a
-kernel's speed follows its energy per FLOP. The baselines (`baselines-h200.json`) were
-measured with triton's `do_bench`, a window of 100 ms per contender, where each kernel's own
-power sets its clocks and the order of configs differs; so the finalists and cuBLAS are also
-timed that way (`do_bench` medians, the contenders taken in turn three times, the median of
-each's three), the best picked, and the pick timed against cuBLAS again (`burst_*` fields).
+Why windows and not run by run in turn: at its power cap an H200's clocks follow the power of
+what it ran over the last milliseconds, so interleaved contenders share the clocks of their mix
+and a kernel that spends more energy per FLOP looks faster than it runs on its own.
 
     python benchmarks/bench_kernel.py --out-dir $OUT
 """
@@ -32,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, tflops, write_results
 
-from gemmtune.bench.timing import L2Flusher, time_cuda, time_side_by_side
+from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
 from gemmtune.compile_pool import CompileJob, compile_all
 from gemmtune.config import Decomposition, GemmConfig, Raster
@@ -106,7 +105,9 @@ SPLITS = (2, 3, 4, 6, 8, 12, 16)
 #: Configs (the screen's best) whose raster and swizzle are swept before the final.
 SWEPT = 5
 
-BURST_ROUNDS = 3
+SWEEP_WINDOW_MS = 20.0
+FINAL_ROUNDS = 3
+CONFIRM_ROUNDS = 5
 log = logging.getLogger("bench_kernel")
 
 
@@ -148,7 +149,7 @@ def candidates_for(m: int, n: int, decompositions: bool) -> list[GemmConfig]:
     return out
 
 
-def burst_medians(fns: list, rounds: int = BURST_ROUNDS) -> list[float]:
+def do_bench_medians(fns: list, rounds: int = FINAL_ROUNDS) -> list[float]:
     """Each function's median ms the baselines' way: triton's `do_bench` (25 ms warm-up, 100
     ms of runs, L2 cleared before each), the functions taken in turn `rounds` times."""
     from triton.testing import do_bench
@@ -161,7 +162,7 @@ def burst_medians(fns: list, rounds: int = BURST_ROUNDS) -> list[float]:
 
 
 def bench_shape(
-    shape: dict, dtype: str, kernels: dict, flush: L2Flusher, runs: int, decompositions: bool
+    shape: dict, dtype: str, kernels: dict, flush: L2Flusher, decompositions: bool
 ) -> dict:
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
@@ -190,9 +191,9 @@ def bench_shape(
         t = time_cuda(run, warmup_ms=5, runs=10, flush=flush)
         screened.append((t.median_ms, config, err))
     screened.sort(key=lambda x: x[0])
-    # Screening runs in bursts at boost clocks; the side-by-side runs sustained, at the power
-    # cap, where the order can differ. So the final holds several distinct configs: the
-    # screen's best few and the best of each schedule and decomposition.
+    # Screening runs in bursts at boost clocks, where the order can differ from the final's. So
+    # the final holds several distinct configs: the screen's best few and the best of each
+    # schedule and decomposition.
     swept = screened[:SWEPT]
     for ms, config, err in screened:
         if all(
@@ -200,43 +201,37 @@ def bench_shape(
             for _, c, _ in swept
         ):
             swept.append((ms, config, err))
+    # Raster and swizzle change which tiles share L2 and DRAM traffic, i.e. the energy per
+    # GEMM; at the power cap that is speed, which 10-run bursts do not see. So each config's
+    # variants are timed alone in windows, in turn.
     finalists = []
     for _, config, err in swept:
-        variants = []
-        for raster in Raster:
-            for swizzle in (1, 2, 4, 8):
-                variant = config.with_runtime(raster=raster, swizzle=swizzle)
-                t = time_cuda(launcher(variant), warmup_ms=5, runs=10, flush=flush)
-                variants.append((t.median_ms, variant, err))
-        finalists.append(min(variants, key=lambda x: x[0]))
+        variants = [
+            config.with_runtime(raster=raster, swizzle=swizzle)
+            for raster in Raster
+            for swizzle in (1, 2, 4, 8)
+        ]
+        timings = time_in_windows(
+            [launcher(v) for v in variants], window_ms=SWEEP_WINDOW_MS, rounds=2, flush=flush
+        )
+        fastest = min(range(len(variants)), key=lambda i: timings[i].median_ms)
+        finalists.append((variants[fastest], err))
 
     def cublas():
         torch.mm(a, b, out=cublas_out)
 
     cublas()
     cublas_err = relative_error(cublas_out, ref)
-    timings = time_side_by_side(
-        [cublas] + [launcher(config) for _, config, _ in finalists], runs=runs, flush=flush
+    # The final the baselines' way (see the docstring), then the pick timed against cuBLAS
+    # again: the winner of several noisy medians is biased fast.
+    final = do_bench_medians([cublas] + [launcher(config) for config, _ in finalists])
+    pick = min(range(len(finalists)), key=lambda i: final[1 + i])
+    best, best_err = finalists[pick]
+    selection_ratio = final[0] / final[1 + pick]
+    cublas_ms, best_ms = do_bench_medians([cublas, launcher(best)], rounds=CONFIRM_ROUNDS)
+    runners_up = sorted(
+        (final[1 + i], config.key) for i, (config, _) in enumerate(finalists) if i != pick
     )
-    final = sorted(
-        (
-            (t.median_ms, config, err)
-            for t, (_, config, err) in zip(timings[1:], finalists, strict=True)
-        ),
-        key=lambda x: x[0],
-    )
-    selection_ratio = timings[0].median_ms / final[0][0]
-    _, best, best_err = final[0]
-    # The winner of several noisy medians is biased fast: report a fresh side-by-side run.
-    confirm = time_side_by_side([cublas, launcher(best)], runs=runs, flush=flush)
-    cublas_ms, best_ms = confirm[0].median_ms, confirm[1].median_ms
-    # The baselines' way, where the order of the finalists differs (see the docstring): the
-    # pick by do_bench, then timed against cuBLAS again
-    burst = burst_medians([cublas] + [launcher(config) for _, config, _ in finalists])
-    burst_pick = min(range(len(finalists)), key=lambda i: burst[1 + i])
-    burst_config = finalists[burst_pick][1]
-    burst_selection_ratio = burst[0] / burst[1 + burst_pick]
-    burst_cublas_ms, burst_ms = burst_medians([cublas, launcher(burst_config)])
     by_schedule, by_decomposition = {}, {}
     for ms, config, _ in screened:
         by_schedule.setdefault(config.schedule.value, (ms, config.key))
@@ -263,13 +258,8 @@ def bench_shape(
         "screen_best_by_decomposition": {
             s: {"ms": round(t, 5), "config": c} for s, (t, c) in by_decomposition.items()
         },
-        "burst_config": burst_config.key,
-        "burst_ours_ms": round(burst_ms, 5),
-        "burst_cublas_ms": round(burst_cublas_ms, 5),
-        "burst_ratio": round(burst_cublas_ms / burst_ms, 4),
-        "burst_selection_ratio": round(burst_selection_ratio, 4),
         "selection_ratio": round(selection_ratio, 4),
-        "runners_up": [{"config": c.key, "ms": round(t, 5)} for t, c, _ in final[1:]],
+        "runners_up": [{"config": c, "ms": round(t, 5)} for t, c in runners_up],
         "rejected": rejected,
     }
 
@@ -278,7 +268,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
-    parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument(
@@ -293,29 +282,26 @@ def main() -> None:
     rows = []
     for shape in shapes:
         for dtype in dtypes:
-            row = bench_shape(shape, dtype, kernels, flush, args.runs, not args.data_parallel_only)
+            row = bench_shape(shape, dtype, kernels, flush, not args.data_parallel_only)
             rows.append(row)
             print(
                 f"{row['shape']:>20} {dtype} ours {row['ours_tflops']:6.1f} TF "
                 f"cuBLAS {row['cublas_tflops']:6.1f} TF ratio {row['ratio']:.3f} "
-                f"{row['config'][5:]}; do_bench {row['burst_ratio']:.3f} {row['burst_config'][5:]}",
+                f"{row['config'][5:]} (selection {row['selection_ratio']:.3f})",
                 flush=True,
             )
     method = (
-        f"CUDA events per run, 25 ms warm-up, L2 flushed (2x L2 buffer zeroed) before each run, "
-        f"median of {args.runs} runs; candidates screened with 10 runs; the {SWEPT} best and "
-        f"the best of each schedule and decomposition swept over raster and swizzle (10 runs "
-        f"each); their best variants and cuBLAS (torch.mm) timed side by side, run by run in "
-        f"turn (same clocks and temperature for all), picking ours; then the pick and cuBLAS "
-        f"timed side by side again, the reported numbers (selection_ratio: the first round's); "
-        f"burst_*: the finalists and cuBLAS timed as the baselines were, "
-        f"triton.testing.do_bench (warmup 25 ms, rep 100 ms, median), in turn {BURST_ROUNDS} "
-        f"times, median of those; the best (burst_config) timed against cuBLAS again that way, "
-        f"the reported burst numbers (burst_selection_ratio: the first round's); "
-        f"inputs torch.randn, A (m,k) and "
-        f"B (k,n) row-major, "
-        f"output row-major, same tensors for every contender; every candidate verified against "
-        f"a float32 reference (rel. Frobenius error < {TOLERANCE}) before timing"
+        f"candidates screened with CUDA events (10 runs, L2 flushed before each); the {SWEPT} "
+        f"best and the best of each schedule and decomposition swept over raster and swizzle, "
+        f"each variant alone in {SWEEP_WINDOW_MS:.0f} ms windows in turn twice (CUDA events, "
+        f"L2 flushed before each run, median); those finalists and cuBLAS (torch.mm) timed "
+        f"with triton.testing.do_bench (warmup 25 ms, rep 100 ms, L2 cleared each rep, "
+        f"median), in turn {FINAL_ROUNDS} times, median of each's, picking ours "
+        f"(selection_ratio); the pick and cuBLAS timed that way again, in turn "
+        f"{CONFIRM_ROUNDS} times: ours_ms, cublas_ms, ratio; inputs torch.randn, A (m,k) and "
+        f"B (k,n) row-major, output row-major, same tensors for every contender; every "
+        f"candidate verified against a float32 reference (rel. Frobenius error < {TOLERANCE}) "
+        f"before timing"
     )
     path = write_results("kernel", method, rows, args.out_dir)
     print(f"wrote {path}")

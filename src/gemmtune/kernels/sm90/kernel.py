@@ -388,8 +388,16 @@ class HopperGemm:
         group_barrier = pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads)
 
         thr_mma = tiled_mma.get_slice(thread_in_group)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        # The A/B fragments are shared-memory descriptors, one per warpgroup: slicing by the
+        # warpgroup's first thread (warp-uniform) keeps their arithmetic in uniform registers.
+        # Sliced by the thread index instead, the compiler rebuilt each WGMMA's descriptor in
+        # vector registers every k-tile (about 20 instructions per warp).
+        group_first_thread = 0
+        if cutlass.const_expr(self.cooperative):
+            group_first_thread = consumer * wg
+        wg_mma = tiled_mma.get_slice(group_first_thread)
+        tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
         tile_m, tile_n, _ = self.tile_shape_mnk
         # the output's tiles as the TMA store addresses them (its coordinates), and in memory
         gC_store = cute.local_tile(store_target, (tile_m, tile_n), (None, None, None))
