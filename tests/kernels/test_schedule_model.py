@@ -109,20 +109,35 @@ def test_split_k_grid_holds_whole_rounds_of_splits():
 def test_stream_k_hybrid_regions():
     g = TileGrid(m=1024, n=4352, l=1, tile_m=128, tile_n=128)  # 8 x 34 = 272 units
     s = StreamKSchedule(g, k_tiles=64, grid_clusters=132)
-    assert s.sk_units == 272 % 132 + 132 and s.dp_units == 132
-    assert s.items(5)[0] == WorkItem(5, 0, 64)
+    # two whole waves data-parallel, the partial third one stream-K
+    assert s.sk_units == 272 % 132 and s.dp_units == 264
+    assert s.items(5)[:2] == [WorkItem(5, 0, 64), WorkItem(137, 0, 64)]
     # exactly one wave of whole units, no stream-K: pure data-parallel
     assert StreamKSchedule(TileGrid(132 * 64, 64, 1, 64, 64), 8, 132).sk_units == 0
     # fewer units than clusters: all of them are stream-K
     small = StreamKSchedule(TileGrid(512, 512, 1, 128, 128), 512, 132)
     assert small.sk_units == 16 and small.dp_units == 0
-    # 16 x 512 iterations on 132 clusters: 62 or 63 each, so unit 0 spans clusters 0..8
+    # 16 x 512 iterations on 132 clusters: 63 each for the first 8, then 62; so unit 0 spans
+    # clusters 0..8, and cluster 8 runs unit 1's head before unit 0's tail
     unit0 = [it for c in range(9) for it in small.items(c) if it.unit == 0]
     assert [it.segment for it in unit0] == list(range(9))
     assert {it.first_slot for it in unit0} == {0} and {it.counter for it in unit0} == {0}
     assert [it.partial_slot for it in unit0] == list(range(9))
-    assert [it.writes for it in unit0] == [True] + [False] * 8
+    assert [it.writes for it in unit0] == [False] * 8 + [True]
+    assert [(it.unit, it.k_begin, it.k_end) for it in small.items(8)] == [(1, 0, 54), (0, 504, 512)]
     assert small.partial_slots == 132 + 16 - 1
+
+
+def check_stream_k_order(schedule: StreamKSchedule):
+    """Each cluster's stream-K items climb in k with at most one jump: a head (from k = 0) of
+    one unit, then a tail (to the last k-tile) of the unit before; or one item alone."""
+    for c in range(schedule.grid_clusters):
+        region = [it for it in schedule.items(c) if it.unit >= schedule.dp_units]
+        assert len(region) <= 2, region
+        if len(region) == 2:
+            head, tail = region
+            assert head.k_begin == 0 and tail.k_end == schedule.k_tiles
+            assert head.unit == tail.unit + 1
 
 
 def simulate(schedule):
@@ -208,6 +223,8 @@ def test_every_k_tile_once_every_tile_written_once(grid, k_tiles, resident, deco
     # the grid never holds more clusters than are resident at once
     assert 1 <= schedule.grid_clusters <= resident
     check_schedule(schedule)
+    if decomposition == "stream_k":
+        check_stream_k_order(schedule)
 
 
 @settings(max_examples=100, deadline=None)

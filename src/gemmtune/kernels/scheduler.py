@@ -97,11 +97,10 @@ class TileScheduler:
             whole_rounds = (max_active_clusters // effective_splits) * effective_splits
             grid = cutlass.max(_pick(Int32(items <= max_active_clusters), items, whole_rounds), 1)
         elif decomposition == "stream_k":
+            # `StreamKSchedule.sk_units`: the partial wave, or every unit when fewer than a wave
             grid = max_active_clusters
             tail = units - (units // grid) * grid
-            sk_units = Int32(units < grid) * units + Int32(units > grid) * Int32(tail != 0) * (
-                tail + grid
-            )
+            sk_units = _pick(Int32(units < grid), units, tail)
             dp_units = units - sk_units
         else:
             grid = cutlass.max(cutlass.min(units, max_active_clusters), 1)
@@ -122,17 +121,19 @@ class TileScheduler:
     # -- positions -----------------------------------------------------------------------
 
     def _sk_range(self, cluster: Int32):
-        """[begin, end) of `cluster`'s stream-K iterations, as global iteration indices."""
+        """[begin, end) of `cluster`'s stream-K iterations, as global iteration indices, and
+        where its first item (the head of the range's last unit) starts."""
         dp_iterations = self.dp_units * self.k_tiles
         sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
-        begin = balanced_begin(cluster, self.grid_clusters, sk_iterations)
-        end = balanced_begin(cluster + 1, self.grid_clusters, sk_iterations)
-        return dp_iterations + begin, dp_iterations + end
+        begin = dp_iterations + balanced_begin(cluster, self.grid_clusters, sk_iterations)
+        end = dp_iterations + balanced_begin(cluster + 1, self.grid_clusters, sk_iterations)
+        last_unit_start = ((end - 1) // self.k_tiles) * self.k_tiles
+        return begin, end, cutlass.max(begin, last_unit_start)
 
     def first_position(self, cluster: Int32) -> Int32:
         if self.decomposition == "stream_k":
             in_dp = Int32(cluster < self.dp_units)
-            return _pick(in_dp, cluster * self.k_tiles, self._sk_range(cluster)[0])
+            return _pick(in_dp, cluster * self.k_tiles, self._sk_range(cluster)[2])
         return cluster
 
     def valid(self, position: Int32, cluster: Int32):
@@ -158,23 +159,25 @@ class TileScheduler:
                 next_position,
             )  # fmt: skip
         if self.decomposition == "stream_k":
+            # positions run [head, end) then [begin, head): `StreamKSchedule.items`
             dp_iterations = self.dp_units * self.k_tiles
             sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
-            sk_begin, sk_end = self._sk_range(cluster)
+            sk_begin, sk_end, head = self._sk_range(cluster)
             in_dp = Int32(position < dp_iterations)
+            at_head = Int32(position == head)
             unit = position // self.k_tiles
             k_begin = position - unit * self.k_tiles
-            k_end = _pick(
-                in_dp, self.k_tiles, cutlass.min(self.k_tiles, k_begin + sk_end - position)
-            )
+            piece_end = _pick(at_head, sk_end, head)
+            k_end = _pick(in_dp, self.k_tiles, piece_end - unit * self.k_tiles)
             local_unit = unit - self.dp_units
             local_start = local_unit * self.k_tiles
             first = part_of(local_start, self.grid_clusters, sk_iterations)
             last = part_of(local_start + self.k_tiles - 1, self.grid_clusters, sk_iterations)
             segments = _pick(in_dp, Int32(1), last - first + 1)
             dp_next = position + self.grid_clusters * self.k_tiles
-            dp_next = _pick(Int32(dp_next < dp_iterations), dp_next, sk_begin)
-            next_position = _pick(in_dp, dp_next, position + k_end - k_begin)
+            dp_next = _pick(Int32(dp_next < dp_iterations), dp_next, head)
+            sk_next = _pick(at_head * Int32(head > sk_begin), sk_begin, sk_end)
+            next_position = _pick(in_dp, dp_next, sk_next)
             return (
                 unit,
                 k_begin,
@@ -184,7 +187,7 @@ class TileScheduler:
                 cluster + local_unit,
                 first + local_unit,
                 local_unit,
-                Int32(0),
+                segments - 1,
                 next_position,
             )
         next_position = position + self.grid_clusters

@@ -1,0 +1,80 @@
+"""The device scheduler (`kernels/scheduler.py`) walks exactly the model's items.
+
+Its functions are plain arithmetic on the DSL's integers, so run on Python ints (with `min` and
+`max` for the DSL's) they must produce `schedule_model`'s `WorkItem`s, cluster by cluster, in
+order: the kernel and the host side (workspace sizes, the tuner's cost model, the property
+tests) then agree on who computes, publishes and writes what.
+"""
+
+import types
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gemmtune.kernels.scheduler as device
+from gemmtune.kernels.schedule_model import TileGrid, make_schedule
+
+grids = st.builds(
+    TileGrid,
+    m=st.integers(1, 4096),
+    n=st.integers(1, 4096),
+    l=st.integers(1, 3),
+    tile_m=st.sampled_from([64, 128, 192, 256]),
+    tile_n=st.sampled_from([64, 128, 192, 256]),
+    cluster_m=st.sampled_from([1, 2]),
+    cluster_n=st.sampled_from([1, 2]),
+)
+
+
+def device_items(scheduler: device.TileScheduler, cluster: int) -> list[tuple]:
+    """(unit, k_begin, k_end, segment, segments, partial_slot, first_slot, counter, owner) of
+    each item the kernel's loop visits; the sharing fields only where the unit is shared (the
+    kernel reads them only there)."""
+    out = []
+    position = scheduler.first_position(cluster)
+    while scheduler.valid(position, cluster):
+        *fields, position = scheduler.item(position, cluster)
+        unit, k_begin, k_end, segment, segments, slot, first_slot, counter, owner = fields
+        if segments == 1:
+            segment, slot, first_slot, counter, owner = 0, -1, -1, -1, 0
+        out.append((unit, k_begin, k_end, segment, segments, slot, first_slot, counter, owner))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    grid=grids,
+    k_tiles=st.integers(1, 400),
+    resident=st.integers(1, 132),
+    decomposition=st.sampled_from(["data_parallel", "split_k", "stream_k"]),
+    splits=st.integers(2, 16),
+)
+def test_the_device_scheduler_walks_the_models_items(
+    grid, k_tiles, resident, decomposition, splits
+):
+    model = make_schedule(decomposition, grid, k_tiles, resident, splits=splits)
+    python_ints = types.SimpleNamespace(min=min, max=max)
+    with mock.patch.object(device, "cutlass", python_ints), mock.patch.object(device, "Int32", int):
+        scheduler = device.TileScheduler.create(
+            decomposition,
+            (grid.cluster_m, grid.cluster_n),
+            grid.tiles_m,
+            grid.tiles_n,
+            grid.l,
+            k_tiles,
+            splits,
+            resident,
+            0,
+            1,
+        )
+        assert scheduler.grid_clusters == model.grid_clusters
+        for cluster in range(model.grid_clusters):
+            expected = [
+                (
+                    it.unit, it.k_begin, it.k_end, it.segment, it.segments, it.partial_slot,
+                    it.first_slot, it.counter, it.owner,
+                )
+                for it in model.items(cluster)
+            ]  # fmt: skip
+            assert device_items(scheduler, cluster) == expected, cluster
