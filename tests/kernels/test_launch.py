@@ -18,6 +18,7 @@ def test_split_k_needs_a_partial_tile_per_split_and_a_counter_per_unit_and_cta()
 def test_stream_k_needs_workspace_for_its_region_only():
     config = GemmConfig(tile_m=128, tile_n=128, decomposition="stream_k")
     # 1024 x 4352: 8 x 34 = 272 units on 132 SMs: two data-parallel waves, 8 stream-K units
+    # shared by 32 clusters
     need = workspace_need(config, 1024, 4352, 4096, 1, 132)
     assert need.counters == 272 - 2 * 132
-    assert need.partials == (132 + 8 - 1) * 128 * 128
+    assert need.partials == (32 + 8 - 1) * 128 * 128

@@ -112,20 +112,25 @@ def test_stream_k_hybrid_regions():
     # two whole waves data-parallel, the partial third one stream-K
     assert s.sk_units == 272 % 132 and s.dp_units == 264
     assert s.items(5)[:2] == [WorkItem(5, 0, 64), WorkItem(137, 0, 64)]
+    # a thin region goes to 4 clusters per unit: 8 units x 64 k-tiles on 32 clusters
+    assert s.sk_clusters == 32
+    assert s.items(0)[-1] == WorkItem(264, 0, 16, 0, 4, 0, 0, 0, 3)
+    assert s.items(40) == [WorkItem(40, 0, 64), WorkItem(172, 0, 64)]
     # exactly one wave of whole units, no stream-K: pure data-parallel
     assert StreamKSchedule(TileGrid(132 * 64, 64, 1, 64, 64), 8, 132).sk_units == 0
     # fewer units than clusters: all of them are stream-K
-    small = StreamKSchedule(TileGrid(512, 512, 1, 128, 128), 512, 132)
-    assert small.sk_units == 16 and small.dp_units == 0
-    # 16 x 512 iterations on 132 clusters: 63 each for the first 8, then 62; so unit 0 spans
-    # clusters 0..8, and cluster 8 runs unit 1's head before unit 0's tail
-    unit0 = [it for c in range(9) for it in small.items(c) if it.unit == 0]
-    assert [it.segment for it in unit0] == list(range(9))
+    small = StreamKSchedule(TileGrid(512, 640, 1, 128, 128), 101, 132)
+    assert small.sk_units == 20 and small.dp_units == 0 and small.sk_clusters == 80
+    # 20 x 101 iterations on 80 clusters: 26 each for the first 20, then 25; so unit 0 spans
+    # clusters 0..3, and cluster 3 runs unit 1's head before unit 0's tail
+    unit0 = [it for c in range(4) for it in small.items(c) if it.unit == 0]
+    assert [it.segment for it in unit0] == list(range(4))
     assert {it.first_slot for it in unit0} == {0} and {it.counter for it in unit0} == {0}
-    assert [it.partial_slot for it in unit0] == list(range(9))
-    assert [it.writes for it in unit0] == [False] * 8 + [True]
-    assert [(it.unit, it.k_begin, it.k_end) for it in small.items(8)] == [(1, 0, 54), (0, 504, 512)]
-    assert small.partial_slots == 132 + 16 - 1
+    assert [it.partial_slot for it in unit0] == list(range(4))
+    assert [it.writes for it in unit0] == [False] * 3 + [True]
+    assert [(it.unit, it.k_begin, it.k_end) for it in small.items(3)] == [(1, 0, 3), (0, 78, 101)]
+    assert small.items(80) == []
+    assert small.partial_slots == 80 + 20 - 1
 
 
 def check_stream_k_order(schedule: StreamKSchedule):

@@ -278,13 +278,21 @@ def split_k_grid(work_units: int, splits: int, max_active_clusters: int) -> int:
     return (max_active_clusters // splits) * splits
 
 
+#: Segments a stream-K unit is cut into at most (about: ranges need not meet unit boundaries).
+#: The owner reads the others' partial tiles, a tile's worth each, so past a few the reads cost
+#: more than the shorter k-range saves.
+MAX_SK_SEGMENTS = 4
+
+
 @dataclass(frozen=True)
 class StreamKSchedule(Schedule):
     """Hybrid stream-K: whole waves of units run data-parallel first; the units of the last,
     partial wave are the stream-K region: their MAC iterations (unit x k-tile, unit-major) are
     cut into one near-equal contiguous range per cluster, and a unit whose iterations span
     several clusters is shared between them. All of a problem's units form the region when
-    there are fewer than the clusters.
+    there are fewer than the clusters. A thin region goes to fewer clusters, `sk_clusters`, so
+    that a unit has at most about `MAX_SK_SEGMENTS` segments: spread over every cluster, 4
+    units on 132 clusters would be cut 33 ways, and their owners would read 32 partial tiles.
 
     The region is the partial wave alone, so a range holds at most `k_tiles` iterations and
     meets at most two units: the end (a *tail*) of one and the start (a *head*) of the next. A
@@ -307,6 +315,11 @@ class StreamKSchedule(Schedule):
         return units if units < clusters else units % clusters
 
     @property
+    def sk_clusters(self) -> int:
+        """The clusters that share the stream-K region (the first ones)."""
+        return min(self.grid_clusters, self.sk_units * MAX_SK_SEGMENTS)
+
+    @property
     def dp_units(self) -> int:
         return self.grid.work_units - self.sk_units
 
@@ -319,7 +332,9 @@ class StreamKSchedule(Schedule):
             WorkItem(unit, 0, self.k_tiles)
             for unit in range(cluster, self.dp_units, self.grid_clusters)
         ]
-        begin, end = balanced_range(cluster, self.grid_clusters, self.sk_iterations)
+        if cluster >= self.sk_clusters:
+            return out
+        begin, end = balanced_range(cluster, self.sk_clusters, self.sk_iterations)
         if begin == end:
             return out
         # at most two units (see the docstring): the head of the later one runs first
@@ -330,8 +345,8 @@ class StreamKSchedule(Schedule):
             pieces.append((first_unit, begin, head_start))
         for local_unit, piece_begin, piece_end in pieces:
             unit_start = local_unit * self.k_tiles
-            first = part_of(unit_start, self.grid_clusters, self.sk_iterations)
-            last = part_of(unit_start + self.k_tiles - 1, self.grid_clusters, self.sk_iterations)
+            first = part_of(unit_start, self.sk_clusters, self.sk_iterations)
+            last = part_of(unit_start + self.k_tiles - 1, self.sk_clusters, self.sk_iterations)
             unit = self.dp_units + local_unit
             k_begin, k_end = piece_begin - unit_start, piece_end - unit_start
             if first == last:
@@ -354,7 +369,7 @@ class StreamKSchedule(Schedule):
 
     @property
     def partial_slots(self) -> int:
-        return self.grid_clusters + self.sk_units - 1 if self.sk_units else 0
+        return self.sk_clusters + self.sk_units - 1 if self.sk_units else 0
 
     @property
     def counters(self) -> int:

@@ -13,6 +13,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from gemmtune.kernels.schedule_model import MAX_SK_SEGMENTS
+
 
 def _pick(flag, if_true, if_false):
     """`if_true` where `flag` (a 0/1 Int32) is 1, else `if_false`, without a branch."""
@@ -124,11 +126,23 @@ class TileScheduler:
         """[begin, end) of `cluster`'s stream-K iterations, as global iteration indices, and
         where its first item (the head of the range's last unit) starts."""
         dp_iterations = self.dp_units * self.k_tiles
-        sk_iterations = (self.work_units - self.dp_units) * self.k_tiles
-        begin = dp_iterations + balanced_begin(cluster, self.grid_clusters, sk_iterations)
-        end = dp_iterations + balanced_begin(cluster + 1, self.grid_clusters, sk_iterations)
+        sk_units = self.work_units - self.dp_units
+        sk_iterations = sk_units * self.k_tiles
+        sk_clusters = self._sk_clusters()
+        # clusters past `sk_clusters` get the empty range at the region's end
+        begin = dp_iterations + balanced_begin(
+            cutlass.min(cluster, sk_clusters), sk_clusters, sk_iterations
+        )
+        end = dp_iterations + balanced_begin(
+            cutlass.min(cluster + 1, sk_clusters), sk_clusters, sk_iterations
+        )
         last_unit_start = ((end - 1) // self.k_tiles) * self.k_tiles
         return begin, end, cutlass.max(begin, last_unit_start)
+
+    def _sk_clusters(self) -> Int32:
+        """`StreamKSchedule.sk_clusters` (at least 1, so that divisions by it are defined)."""
+        sk_units = self.work_units - self.dp_units
+        return cutlass.max(cutlass.min(self.grid_clusters, sk_units * MAX_SK_SEGMENTS), 1)
 
     def first_position(self, cluster: Int32) -> Int32:
         if self.decomposition == "stream_k":
@@ -171,8 +185,9 @@ class TileScheduler:
             k_end = _pick(in_dp, self.k_tiles, piece_end - unit * self.k_tiles)
             local_unit = unit - self.dp_units
             local_start = local_unit * self.k_tiles
-            first = part_of(local_start, self.grid_clusters, sk_iterations)
-            last = part_of(local_start + self.k_tiles - 1, self.grid_clusters, sk_iterations)
+            sk_clusters = self._sk_clusters()
+            first = part_of(local_start, sk_clusters, sk_iterations)
+            last = part_of(local_start + self.k_tiles - 1, sk_clusters, sk_iterations)
             segments = _pick(in_dp, Int32(1), last - first + 1)
             dp_next = position + self.grid_clusters * self.k_tiles
             dp_next = _pick(Int32(dp_next < dp_iterations), dp_next, head)

@@ -154,7 +154,7 @@ class RankingModel:
         else:
             schedule = make_schedule("stream_k", grid, k_tiles, resident)
             dp_waves = schedule.dp_units // resident
-            iterations = ceil_div(schedule.sk_iterations, resident)
+            iterations = ceil_div(schedule.sk_iterations, max(schedule.sk_clusters, 1))
             spans = ceil_div(iterations, k_tiles) + (iterations % k_tiles != 0)
             per_unit = ceil_div(k_tiles, max(iterations, 1))
             shared = publish + gather * per_unit if schedule.sk_units else 0.0
