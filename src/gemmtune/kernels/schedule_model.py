@@ -297,8 +297,9 @@ class StreamKSchedule(Schedule):
     The region is the partial wave alone, so a range holds at most `k_tiles` iterations and
     meets at most two units: the end (a *tail*) of one and the start (a *head*) of the next. A
     cluster runs the head first, then the tail, so from the region's start every cluster's
-    k-tiles climb from k = 0 with one jump: clusters load the same k-slices of A and B at about
-    the same time, as data-parallel waves do, and L2 keeps serving them. (Run in iteration
+    k-tiles climb from k = 0 with one jump (a range inside one unit starts where it lies):
+    clusters load the same k-slices of A and B at about the same time, as data-parallel waves
+    do, and L2 keeps serving them. (Run in iteration
     order, each cluster began at its own k and the region read A and B from HBM again: 1.7x
     the data-parallel kernel's HBM reads on 4096^3 with 128x256 tiles, 3.3x with K = 14336.)
 
