@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_shapes, tflops, write_results
+from common import RESULTS, kernel_row, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_side_by_side
 from gemmtune.bench.verify import relative_error
@@ -176,14 +176,7 @@ def heuristic(kernels: dict, flush, runs: int) -> list[dict]:
         cublas_ms, (dp_ms, chosen_ms) = problem.time([dp, chosen], flush, runs)
         rows.append(
             {
-                "shape": shape["name"],
-                "m": m,
-                "n": n,
-                "k": k,
-                "l": 1,
-                "dtype": "bf16",
-                "layout": "tn",
-                "config": chosen.key,
+                **kernel_row(shape["name"], m, n, k, "bf16", chosen.key),
                 "decomposition": choice,
                 "ours_ms": round(chosen_ms, 5),
                 "data_parallel_ms": round(dp_ms, 5),

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_shapes, tflops, write_results
+from common import RESULTS, kernel_row, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher
 from gemmtune.bench.verify import relative_error
@@ -118,14 +118,7 @@ def bench_shape(
         for name, (ms, mj, watts) in measured.items():
             rows.append(
                 {
-                    "shape": shape["name"],
-                    "m": m,
-                    "n": n,
-                    "k": k,
-                    "l": 1,
-                    "dtype": "bf16",
-                    "layout": "tn",
-                    "config": name,
+                    **kernel_row(shape["name"], m, n, k, "bf16", name),
                     "rep": rep,
                     "ours_ms": round(ms, 5),
                     "ratio": round(cublas_ms / ms, 4),

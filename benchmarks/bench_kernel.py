@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_shapes, tflops, write_results
+from common import RESULTS, kernel_row, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
@@ -241,14 +241,7 @@ def bench_shape(
         by_schedule.setdefault(config.schedule.value, (ms, config.key))
         by_decomposition.setdefault(config.decomposition.value, (ms, config.key))
     return {
-        "shape": shape["name"],
-        "m": m,
-        "n": n,
-        "k": k,
-        "l": 1,
-        "dtype": dtype,
-        "layout": "tn",
-        "config": best.key,
+        **kernel_row(shape["name"], m, n, k, dtype, best.key),
         "ours_ms": round(best_ms, 5),
         "cublas_ms": round(cublas_ms, 5),
         "ratio": round(cublas_ms / best_ms, 4),

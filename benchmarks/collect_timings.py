@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, load_shapes, tflops, write_results
+from common import RESULTS, kernel_row, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
@@ -159,14 +159,7 @@ def main() -> None:
         for ms, config, err in timed:
             rows.append(
                 {
-                    "shape": shape["name"],
-                    "m": m,
-                    "n": n,
-                    "k": k,
-                    "l": 1,
-                    "dtype": "bf16",
-                    "layout": "tn",
-                    "config": config.key,
+                    **kernel_row(shape["name"], m, n, k, "bf16", config.key),
                     "ours_ms": None if ms is None else round(ms, 5),
                     "ours_tflops": None if ms is None else round(tflops(m, n, k, 1, ms), 1),
                     "rel_err": round(err, 6),

@@ -72,5 +72,20 @@ def write_results(
     return path
 
 
+def kernel_row(shape: str, m: int, n: int, k: int, dtype: str, config: str) -> dict:
+    """The fields a kernel row (RESULTS.md) starts with: one unbatched problem, A (m,k) and
+    B (k,n) row-major ("tn"); each script adds its own after them."""
+    return {
+        "shape": shape,
+        "m": m,
+        "n": n,
+        "k": k,
+        "l": 1,
+        "dtype": dtype,
+        "layout": "tn",
+        "config": config,
+    }
+
+
 def tflops(m: int, n: int, k: int, l: int, ms: float) -> float:
     return 2 * m * n * k * l / (ms * 1e-3) / 1e12
