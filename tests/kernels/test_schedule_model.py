@@ -4,6 +4,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from schedule_strategies import grids
 
 from gemmtune.kernels.schedule_model import (
     DataParallelSchedule,
@@ -201,18 +202,6 @@ def check_schedule(schedule):
             assert len({(it.first_slot, it.counter, it.owner) for it in unit_items}) == 1
             assert all(it.partial_slot == it.first_slot + it.segment for it in unit_items)
             assert 0 <= unit_items[0].counter < schedule.counters
-
-
-grids = st.builds(
-    TileGrid,
-    m=st.integers(1, 4096),
-    n=st.integers(1, 4096),
-    l=st.integers(1, 3),
-    tile_m=st.sampled_from([64, 128, 256]),
-    tile_n=st.sampled_from([64, 128, 192, 256]),
-    cluster_m=st.sampled_from([1, 2]),
-    cluster_n=st.sampled_from([1, 2]),
-)
 
 
 @settings(max_examples=300, deadline=None)

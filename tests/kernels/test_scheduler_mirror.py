@@ -11,20 +11,10 @@ from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from schedule_strategies import grids
 
 import gemmtune.kernels.scheduler as device
-from gemmtune.kernels.schedule_model import TileGrid, make_schedule
-
-grids = st.builds(
-    TileGrid,
-    m=st.integers(1, 4096),
-    n=st.integers(1, 4096),
-    l=st.integers(1, 3),
-    tile_m=st.sampled_from([64, 128, 192, 256]),
-    tile_n=st.sampled_from([64, 128, 192, 256]),
-    cluster_m=st.sampled_from([1, 2]),
-    cluster_n=st.sampled_from([1, 2]),
-)
+from gemmtune.kernels.schedule_model import make_schedule
 
 
 def device_items(scheduler: device.TileScheduler, cluster: int) -> list[tuple]:
