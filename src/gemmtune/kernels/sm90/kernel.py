@@ -325,6 +325,8 @@ class HopperGemm:
                     tBgB,
                     tBsB,
                     b_mcast_mask,
+                    self.mcast_a,
+                    self.mcast_b,
                     self.ab_stages,
                 )
         else:
