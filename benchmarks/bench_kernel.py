@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, kernel_row, load_shapes, tflops, write_results
+from common import RESULTS, do_bench_medians, kernel_row, load_shapes, tflops, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
@@ -149,22 +148,6 @@ def candidates_for(m: int, n: int, decompositions: bool) -> list[GemmConfig]:
     return out
 
 
-def do_bench_medians(fns: list, rounds: int = FINAL_ROUNDS) -> list[float]:
-    """Each function's median ms the baselines' way: triton's `do_bench` (25 ms warm-up, 100
-    ms of runs, L2 cleared before each), the functions taken in turn `rounds` times, every
-    other round in reverse order: a window's clocks depend on the window before it (run 5 of
-    kernel-h200: with cuBLAS always first, our pick read 2-4 % slower than among the
-    finalists)."""
-    from triton.testing import do_bench
-
-    times = [[] for _ in fns]
-    for r in range(rounds):
-        order = list(zip(fns, times, strict=True))
-        for fn, t in order if r % 2 == 0 else reversed(order):
-            t.append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    return [statistics.median(t) for t in times]
-
-
 def bench_shape(
     shape: dict, dtype: str, kernels: dict, flush: L2Flusher, decompositions: bool
 ) -> dict:
@@ -228,7 +211,9 @@ def bench_shape(
     cublas_err = relative_error(cublas_out, ref)
     # The final the baselines' way (see the docstring), then the pick timed against cuBLAS
     # again: the winner of several noisy medians is biased fast.
-    final = do_bench_medians([cublas] + [launcher(config) for config, _ in finalists])
+    final = do_bench_medians(
+        [cublas] + [launcher(config) for config, _ in finalists], rounds=FINAL_ROUNDS
+    )
     pick = min(range(len(finalists)), key=lambda i: final[1 + i])
     best, best_err = finalists[pick]
     selection_ratio = final[0] / final[1 + pick]

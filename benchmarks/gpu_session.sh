@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests kernel launch decomp energy timings tuning cache suite (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
+# Steps: doctor tests kernel confirm launch decomp energy timings tuning cache suite (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
@@ -13,6 +13,7 @@ for step in $steps; do
     doctor) python3 -m gemmtune doctor 2>&1 | tee "$OUT/doctor.txt" ;;
     tests) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
     kernel) timeout 570 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
+    confirm) timeout 560 python3 benchmarks/bench_confirm.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-confirm.txt" | grep -v "^nvdisasm" ;;
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
