@@ -17,18 +17,24 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, do_bench_rounds, kernel_row, load_shapes, tflops, write_results
+from common import (
+    RESULTS,
+    against_cublas,
+    compile_and_load,
+    do_bench_rounds,
+    kernel_row,
+    load_shapes,
+    write_results,
+)
 
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob, compile_all
+from gemmtune.compile_pool import CompileJob
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
 
@@ -59,15 +65,9 @@ def compile_confirmed(dtypes: list[str], shapes: list[str], workers: int) -> dic
         for config in sorted(configs, key=lambda c: c.key)
         for d in dtypes
     ]
-    kernels = {}
-    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-confirm-"))
-    for outcome in compile_all(jobs, out_dir, workers=workers):
-        if outcome.path is None:
-            raise RuntimeError(f"compile failed: {outcome.job.name}: {outcome.error}")
-        job = outcome.job
-        kernels[(job.config.compile_key, job.signature.ab_dtype)] = load_gemm(
-            outcome.path, job.config, job.signature
-        )
+    kernels, failed = compile_and_load(jobs, workers)
+    if failed:
+        raise RuntimeError(f"compile failed: {failed[0].job.name}: {failed[0].error}")
     return kernels
 
 
@@ -105,11 +105,7 @@ def confirm_shape(shape: dict, dtype: str, kernels: dict, rounds: int) -> list[d
         rows.append(
             {
                 **kernel_row(shape["name"], m, n, k, dtype, config.key),
-                "ours_ms": round(ours_ms, 5),
-                "cublas_ms": round(cublas_ms, 5),
-                "ratio": round(cublas_ms / ours_ms, 4),
-                "ours_tflops": round(tflops(m, n, k, 1, ours_ms), 1),
-                "cublas_tflops": round(tflops(m, n, k, 1, cublas_ms), 1),
+                **against_cublas(m, n, k, ours_ms, cublas_ms),
                 "rel_err": round(err, 6),
                 "cublas_rel_err": round(errors[0], 6),
                 "rounds": rounds,

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, kernel_row, load_shapes, tflops, write_results
+from common import RESULTS, against_cublas, kernel_row, load_shapes, write_results
 
 from gemmtune.bench.timing import L2Flusher, time_side_by_side
 from gemmtune.bench.verify import relative_error
@@ -178,13 +178,9 @@ def heuristic(kernels: dict, flush, runs: int) -> list[dict]:
             {
                 **kernel_row(shape["name"], m, n, k, "bf16", chosen.key),
                 "decomposition": choice,
-                "ours_ms": round(chosen_ms, 5),
+                **against_cublas(m, n, k, chosen_ms, cublas_ms),
                 "data_parallel_ms": round(dp_ms, 5),
-                "cublas_ms": round(cublas_ms, 5),
-                "ratio": round(cublas_ms / chosen_ms, 4),
                 "vs_data_parallel": round(dp_ms / chosen_ms, 4),
-                "ours_tflops": round(tflops(m, n, k, 1, chosen_ms), 1),
-                "cublas_tflops": round(tflops(m, n, k, 1, cublas_ms), 1),
             }
         )
         print(

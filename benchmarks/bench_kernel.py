@@ -21,20 +21,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, do_bench_medians, kernel_row, load_shapes, tflops, write_results
+from common import (
+    RESULTS,
+    against_cublas,
+    compile_and_load,
+    do_bench_medians,
+    kernel_row,
+    load_shapes,
+    write_results,
+)
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob, compile_all
+from gemmtune.compile_pool import CompileJob
 from gemmtune.config import Decomposition, GemmConfig, Raster
-from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
@@ -116,19 +122,11 @@ def compile_candidates(dtypes: list[str], workers: int) -> dict:
         for cfg in CANDIDATES + DECOMPOSED
         for d in dtypes
     ]
-    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-bench-"))
     start = time.perf_counter()
-    outcomes = compile_all(jobs, out_dir, workers=workers)
+    kernels, failed = compile_and_load(jobs, workers)
     log.info("compiled %d kernels in %.1f s", len(jobs), time.perf_counter() - start)
-    kernels = {}
-    for outcome in outcomes:
-        if outcome.path is None:
-            log.error("compile failed: %s: %s", outcome.job.name, outcome.error)
-            continue
-        job = outcome.job
-        kernels[(job.config.compile_key, job.signature.ab_dtype)] = load_gemm(
-            outcome.path, job.config, job.signature
-        )
+    for outcome in failed:
+        log.error("compile failed: %s: %s", outcome.job.name, outcome.error)
     return kernels
 
 
@@ -227,11 +225,7 @@ def bench_shape(
         by_decomposition.setdefault(config.decomposition.value, (ms, config.key))
     return {
         **kernel_row(shape["name"], m, n, k, dtype, best.key),
-        "ours_ms": round(best_ms, 5),
-        "cublas_ms": round(cublas_ms, 5),
-        "ratio": round(cublas_ms / best_ms, 4),
-        "ours_tflops": round(tflops(m, n, k, 1, best_ms), 1),
-        "cublas_tflops": round(tflops(m, n, k, 1, cublas_ms), 1),
+        **against_cublas(m, n, k, best_ms, cublas_ms),
         "rel_err": round(best_err, 6),
         "cublas_rel_err": round(cublas_err, 6),
         "screen_best_by_schedule": {

@@ -8,6 +8,7 @@ import gzip
 import importlib.metadata as metadata
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -90,6 +91,36 @@ def kernel_row(shape: str, m: int, n: int, k: int, dtype: str, config: str) -> d
 
 def tflops(m: int, n: int, k: int, l: int, ms: float) -> float:
     return 2 * m * n * k * l / (ms * 1e-3) / 1e12
+
+
+def against_cublas(m: int, n: int, k: int, ours_ms: float, cublas_ms: float) -> dict:
+    """The timing fields of a kernel row: both medians, their ratio and both rates."""
+    return {
+        "ours_ms": round(ours_ms, 5),
+        "cublas_ms": round(cublas_ms, 5),
+        "ratio": round(cublas_ms / ours_ms, 4),
+        "ours_tflops": round(tflops(m, n, k, 1, ours_ms), 1),
+        "cublas_tflops": round(tflops(m, n, k, 1, cublas_ms), 1),
+    }
+
+
+def compile_and_load(jobs: list, workers: int) -> tuple[dict, list]:
+    """Compile `jobs` (CompileJob) into a temporary folder and load them: the kernels keyed by
+    (compile key, A/B dtype), and the outcomes that failed to compile."""
+    from gemmtune.compile_pool import compile_all
+    from gemmtune.kernels.build import load_gemm
+
+    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-bench-"))
+    kernels, failed = {}, []
+    for outcome in compile_all(jobs, out_dir, workers=workers):
+        if outcome.path is None:
+            failed.append(outcome)
+            continue
+        job = outcome.job
+        kernels[(job.config.compile_key, job.signature.ab_dtype)] = load_gemm(
+            outcome.path, job.config, job.signature
+        )
+    return kernels, failed
 
 
 def do_bench_rounds(fns: list, rounds: int) -> list[list[float]]:
