@@ -53,11 +53,11 @@ TOLERANCE = 2e-2
 CANDIDATES = (
     [
         GemmConfig(tile_m=128, tile_n=256, cluster_m=cm, cluster_n=cn)
-        for cm, cn in ((1, 1), (2, 1), (1, 2))
+        for cm, cn in ((1, 1), (2, 1), (1, 2), (2, 2))
     ]
     + [
         GemmConfig(tile_m=256, tile_n=128, cluster_m=cm, cluster_n=cn)
-        for cm, cn in ((1, 1), (2, 1), (1, 2))
+        for cm, cn in ((1, 1), (2, 1), (1, 2), (2, 2))
     ]
     + [GemmConfig(tile_m=256, tile_n=192, cluster_m=cm) for cm in (1, 2)]
     # three consumer warpgroups: cuBLAS's tile for 2048x2304 (132 tiles on 132 SMs)

@@ -32,8 +32,22 @@ def test_tile_grid_counts_ragged_edges():
     assert (g.tiles_m, g.tiles_n) == (8, 8)
     assert (g.clusters_m, g.clusters_n) == (4, 8)
     assert g.work_units == 4 * 8 * 3
-    assert g.grid_clusters(66) == 66
     assert g.grid_clusters(1000) == 96
+    assert g.grid_clusters(96) == 96
+    # 96 units take two rounds on 66 clusters; 48 clusters finish them in two rounds as well
+    assert g.grid_clusters(66) == 48
+    assert g.grid_clusters(47) == 32  # three rounds
+
+
+@given(units=st.integers(1, 5000), resident=st.integers(1, 200))
+def test_data_parallel_grid_keeps_the_rounds_and_balances_them(units, resident):
+    g = TileGrid(m=units * 64, n=64, l=1, tile_m=64, tile_n=64)
+    clusters = g.grid_clusters(resident)
+    rounds = -(-units // resident)
+    assert 1 <= clusters <= min(units, resident)
+    assert -(-units // clusters) == rounds  # no extra round
+    if clusters > 1:
+        assert -(-units // (clusters - 1)) > rounds  # none to spare
 
 
 def test_swizzle_one_is_column_major_along_m_and_row_major_along_n():

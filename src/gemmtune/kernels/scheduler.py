@@ -105,7 +105,9 @@ class TileScheduler:
             sk_units = _pick(Int32(units < grid), units, tail)
             dp_units = units - sk_units
         else:
-            grid = cutlass.max(cutlass.min(units, max_active_clusters), 1)
+            # `TileGrid.grid_clusters`: as few clusters as finish in the same rounds
+            rounds = cutlass.max((units + max_active_clusters - 1) // max_active_clusters, 1)
+            grid = cutlass.max((units + rounds - 1) // rounds, 1)
         return TileScheduler(
             decomposition,
             cluster_shape_mn,
