@@ -23,7 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
+    DTYPES,
     RESULTS,
+    TOLERANCE,
     against_cublas,
     compile_and_load,
     do_bench_rounds,
@@ -37,9 +39,6 @@ from gemmtune.compile_pool import CompileJob
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-TOLERANCE = 2e-2
 
 # The picks of kernel-h200 runs 5-8 for the bar shapes of issues 3 and 4, two per shape, and
 # run 9's 256x192 pick for l8b_qkv_4k (bf16, 1.035).

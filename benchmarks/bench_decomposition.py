@@ -17,20 +17,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, against_cublas, kernel_row, load_shapes, write_results
+from common import (
+    RESULTS,
+    TOLERANCE,
+    against_cublas,
+    compile_and_load,
+    kernel_row,
+    load_shapes,
+    write_results,
+)
 
 from gemmtune.bench.timing import L2Flusher, time_side_by_side
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob, compile_all
+from gemmtune.compile_pool import CompileJob
 from gemmtune.config import GemmConfig
 from gemmtune.device import max_active_clusters
-from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, suggest_decomposition
 from gemmtune.kernels.signature import KernelSignature
@@ -71,14 +77,9 @@ def variants(config: GemmConfig) -> list[GemmConfig]:
 
 def compile_kernels(configs: list[GemmConfig]) -> dict:
     jobs = sorted({CompileJob(c, KernelSignature()) for c in configs}, key=lambda j: j.name)
-    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-decomp-"))
-    kernels = {}
-    for outcome in compile_all(jobs, out_dir, workers=15):
-        if outcome.path is None:
-            raise RuntimeError(f"{outcome.job.name}: {outcome.error}")
-        kernels[outcome.job.config.compile_key] = load_gemm(
-            outcome.path, outcome.job.config, outcome.job.signature
-        )
+    kernels, failed = compile_and_load(jobs, workers=15)
+    if failed:
+        raise RuntimeError(f"{failed[0].job.name}: {failed[0].error}")
     return kernels
 
 
@@ -95,7 +96,7 @@ class Problem:
         self.kernels = kernels
 
     def launcher(self, config: GemmConfig):
-        kernel = self.kernels[config.compile_key]
+        kernel = self.kernels[(config.compile_key, "bf16")]
         args = launch_args(config, self.a.device, self.m, self.n, self.k, 1)
         return lambda: kernel(self.a, self.b, self.out, *args)
 
@@ -103,7 +104,7 @@ class Problem:
         self.out.fill_(float("nan"))
         self.launcher(config)()
         err = relative_error(self.out, self.ref)
-        if not err < 2e-2:
+        if not err < TOLERANCE:
             raise AssertionError(f"{config.key} on {self.m}x{self.n}x{self.k}: rel err {err}")
         return err
 

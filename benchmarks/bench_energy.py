@@ -14,24 +14,29 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, kernel_row, load_shapes, tflops, write_results
+from common import (
+    RESULTS,
+    TOLERANCE,
+    compile_and_load,
+    kernel_row,
+    load_shapes,
+    tflops,
+    write_results,
+)
 
 from gemmtune.bench.timing import L2Flusher
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob, compile_all
+from gemmtune.compile_pool import CompileJob
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
 
-TOLERANCE = 2e-2
 # the sustained and the do_bench picks of kernel-h200-2026-11-21.json (run 4)
 CONTENDERS = {
     "sq4096": [
@@ -97,7 +102,7 @@ def bench_shape(
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     contenders = {"cublas": lambda: torch.mm(a, b, out=out)}
     for config in CONTENDERS[shape["name"]]:
-        kernel = kernels[config.compile_key]
+        kernel = kernels[(config.compile_key, "bf16")]
         launch = launch_args(config, a.device, m, n, k, 1)
         contenders[config.key] = lambda kernel=kernel, launch=launch: kernel(a, b, out, *launch)
     reference = torch.matmul(a.float(), b.float())
@@ -142,12 +147,10 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     configs = {c.compile_key: c for cs in CONTENDERS.values() for c in cs}
-    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-energy-"))
     jobs = [CompileJob(c, KernelSignature()) for c in configs.values()]
-    kernels = {
-        o.job.config.compile_key: load_gemm(o.path, o.job.config, o.job.signature)
-        for o in compile_all(jobs, out_dir, workers=8)
-    }
+    kernels, failed = compile_and_load(jobs, workers=8)
+    if failed:
+        raise RuntimeError(f"compile failed: {failed[0].job.name}: {failed[0].error}")
     flush, meter = L2Flusher(), EnergyMeter()
     rows = []
     for shape in load_shapes():

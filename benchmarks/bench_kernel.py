@@ -28,7 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
+    DTYPES,
     RESULTS,
+    TOLERANCE,
     against_cublas,
     compile_and_load,
     do_bench_medians,
@@ -44,9 +46,6 @@ from gemmtune.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-TOLERANCE = 2e-2
 
 # Tile shapes that fill an SM's tensor cores without spilling, each with the cluster shapes
 # that multicast the operand the tile shares most.

@@ -22,21 +22,27 @@ import json
 import logging
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, kernel_row, load_shapes, tflops, write_results
+from common import (
+    RESULTS,
+    TOLERANCE,
+    compile_and_load,
+    kernel_row,
+    load_shapes,
+    tflops,
+    write_results,
+)
 
 from gemmtune.bench.timing import L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob, compile_all
+from gemmtune.compile_pool import CompileJob
 from gemmtune.config import Decomposition, Raster
 from gemmtune.device import max_active_clusters
-from gemmtune.kernels.build import load_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
@@ -61,7 +67,7 @@ class ShapeRun:
 
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
-        kernel = self.kernels[config.compile_key]
+        kernel = self.kernels[(config.compile_key, "bf16")]
         args = launch_args(config, self.a.device, self.m, self.n, self.k, 1)
 
         def run():
@@ -70,7 +76,7 @@ class ShapeRun:
         self.out.fill_(float("nan"))
         run()
         err = relative_error(self.out, self.ref)
-        if not err < 2e-2:
+        if not err < TOLERANCE:
             return None, err
         return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err
 
@@ -92,16 +98,9 @@ def main() -> None:
     ]
     jobs = [CompileJob(c, KernelSignature()) for c in configs]
     start = time.perf_counter()
-    outcomes = compile_all(
-        jobs, Path(tempfile.mkdtemp(prefix="gemmtune-all-")), workers=args.workers
-    )
+    kernels, failed_outcomes = compile_and_load(jobs, workers=args.workers)
     log.info("compiled %d kernels in %.1f s", len(jobs), time.perf_counter() - start)
-    kernels = {
-        o.job.config.compile_key: load_gemm(o.path, o.job.config, o.job.signature)
-        for o in outcomes
-        if o.path is not None
-    }
-    failed = [o.job.name for o in outcomes if o.path is None]
+    failed = [o.job.name for o in failed_outcomes]
     flush = L2Flusher()
     method = (
         f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
@@ -128,7 +127,7 @@ def main() -> None:
         start = time.perf_counter()
         timed = []
         for config in configs:
-            if config.compile_key not in kernels:
+            if (config.compile_key, "bf16") not in kernels:
                 continue
             variants = [config]
             if config.decomposition is Decomposition.SPLIT_K:

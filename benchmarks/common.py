@@ -18,6 +18,9 @@ import gemmtune
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SHAPES = Path(gemmtune.__file__).resolve().parent / "bench" / "shapes.json"  # the shape suite
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: relative Frobenius error against the float32 reference above which a contender is wrong
+TOLERANCE = 2e-2
 
 
 def load_shapes(path: Path = SHAPES) -> list[dict]:
