@@ -164,7 +164,7 @@ def heuristic(kernels: dict, flush, runs: int) -> list[dict]:
     for shape in load_shapes():
         config = SUITE_TILES[shape["name"]]
         m, n, k = shape["m"], shape["n"], shape["k"]
-        grid = TileGrid(m, n, 1, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n)
+        grid = TileGrid.of(config, m, n, 1)
         resident = max_active_clusters(config.cluster_m * config.cluster_n, 0)
         choice, splits = suggest_decomposition(grid, ceil_div(k, 64), resident)
         dp = variants(config)[0]

@@ -132,9 +132,7 @@ def main() -> None:
             variants = [config]
             if config.decomposition is Decomposition.SPLIT_K:
                 clusters = max_active_clusters(config.cluster_m * config.cluster_n, 0)
-                grid = TileGrid(
-                    m, n, 1, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n
-                )
+                grid = TileGrid.of(config, m, n, 1)
                 if grid.work_units >= clusters:
                     continue
                 variants = [config.with_runtime(splits=s) for s in SPLITS]

@@ -81,9 +81,7 @@ def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) 
                 or config.swizzle != 1
             ):
                 continue
-            grid = TileGrid(
-                m, n, 1, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n
-            )
+            grid = TileGrid.of(config, m, n, 1)
             resident = device.resident_clusters(config.cluster_m * config.cluster_n)
             waves = ceil_div(grid.work_units, resident)
             points[family(config)].append((waves * ceil_div(k, 64), waves, micros))

@@ -16,6 +16,8 @@ CONFIGS = [
     GemmConfig(tile_m=64, tile_n=256, cluster_m=2, schedule="pingpong", tma_store=False),
     GemmConfig(tile_n=192, decomposition="split_k", splits=4, raster="along_n", swizzle=8),
     GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=2, decomposition="stream_k"),
+    GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True, raster="along_n", swizzle=8),
+    GemmConfig(tile_n=64, swap_ab=True, decomposition="split_k", splits=3),
     GemmConfig(arch="sm_100", tile_m=256, tile_n=224, cluster_m=4, two_cta=True),
     GemmConfig(arch="sm_100", tile_m=64, tile_n=32, cluster_n=16),
 ]
@@ -47,6 +49,16 @@ def test_keys_are_distinct_and_compile_key_ignores_runtime_fields():
     split = GemmConfig(decomposition="split_k", splits=2)
     assert split.with_runtime(splits=8).compile_key == split.compile_key
     assert split.with_runtime(splits=8).key == split.key.replace("_sk2_", "_sk8_")
+
+
+def test_swap_names_a_binary_of_its_own():
+    swapped = GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True, swizzle=8)
+    assert swapped.key == "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8"
+    assert swapped.compile_key == "sm90_256x208_c1x2_swap_coop_tma_dp"
+    split = GemmConfig(swap_ab=True, decomposition="split_k", splits=4)
+    assert split.key == "sm90_128x128_c1x1_swap_coop_tma_sk4_rm_s1"
+    with pytest.raises(InvalidConfigError, match="swap_ab"):
+        GemmConfig(swap_ab=1)
 
 
 def test_strings_become_enums_and_config_is_frozen():

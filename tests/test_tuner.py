@@ -23,12 +23,14 @@ COMPILE_FAILS = (64, 192)
 
 
 class TroubleFirst(RankingModel):
-    """Ranks the tiles that fail (in every way) first, then the real model's order."""
+    """Ranks the unswapped tiles that fail (in every way) first, then the real model's
+    order."""
 
     def predict_us(self, problem, config):
         order = [CRASH, HANG, FAULT, WRONG, COMPILE_FAILS]
         tile = (config.tile_m, config.tile_n)
-        if tile in order and config.decomposition is Decomposition.DATA_PARALLEL:
+        first = config.decomposition is Decomposition.DATA_PARALLEL and not config.swap_ab
+        if tile in order and first:
             return -100.0 + order.index(tile)
         return super().predict_us(problem, config)
 
@@ -115,9 +117,10 @@ def test_exhaustive_times_every_binary_and_split_count():
     )
     split_k = [r for r in result.results if r.config.decomposition is Decomposition.SPLIT_K]
     assert {r.config.splits for r in split_k} == {2, 3, 4, 6, 8, 12, 16}
-    # 272 data-parallel and 272 stream-K binaries, 256 split-K ones at 7 split counts each
-    assert len(compiled) == 800
-    assert len(result.results) == 272 + 272 + 256 * 7
+    # 304 data-parallel and 304 stream-K binaries, 272 split-K ones at 7 split counts each,
+    # each also swapped
+    assert len(compiled) == 880 * 2
+    assert len(result.results) == (304 + 304 + 272 * 7) * 2
 
 
 def test_unsupported_problems_are_refused():

@@ -214,7 +214,7 @@ class Dispatcher:
         stream = None
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
-        return Plan(kernel.function, args, config, stream)
+        return Plan(kernel.launcher, args, config, stream)
 
     @staticmethod
     def _args(plan: Plan, a: torch.Tensor, b: torch.Tensor) -> tuple:

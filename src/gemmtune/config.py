@@ -1,7 +1,7 @@
 """`GemmConfig`: the one description of a kernel variant.
 
 A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, schedule,
-epilogue, decomposition); its *runtime* fields (split count, raster order, swizzle) are kernel
+epilogue, decomposition, operand swap); its *runtime* fields (split count, raster order, swizzle) are kernel
 arguments, so sweeping them costs a launch, never a compile. `key` names the whole variant,
 `compile_key` the binary.
 
@@ -83,6 +83,11 @@ class GemmConfig:
     schedule: Schedule = Schedule.COOPERATIVE
     tma_store: bool = True
     decomposition: Decomposition = Decomposition.DATA_PARALLEL
+    # The kernel computes out^T = b^T @ a^T: M and N trade places, so tile, cluster and raster
+    # are those of the transposed product (a 256x208 swapped tile covers 208 rows of `out`, a
+    # height no 64-row warpgroup MMA has). The binary is the unswapped kernel built for the
+    # transposed layouts.
+    swap_ab: bool = False
     # runtime fields: kernel arguments, not part of the binary
     splits: int = 1
     raster: Raster = Raster.ALONG_M
@@ -114,7 +119,7 @@ class GemmConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 fail(name, "must be an integer")
-        for name in ("two_cta", "tma_store"):
+        for name in ("two_cta", "tma_store", "swap_ab"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "must be a bool")
         if self.arch not in ARCHES:
@@ -159,6 +164,8 @@ class GemmConfig:
         ]
         if self.two_cta:
             parts.append("2cta")
+        if self.swap_ab:
+            parts.append("swap")
         parts.append(_SCHEDULE_TAGS[self.schedule])
         parts.append("tma" if self.tma_store else "st")
         parts.append(_DECOMP_TAGS[self.decomposition])
@@ -167,7 +174,8 @@ class GemmConfig:
     @property
     def key(self) -> str:
         """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_coop_tma_dp_rm_s1`
-        (a split-K config carries its split count: `..._sk4_rm_s1`)."""
+        (a split-K config carries its split count: `..._sk4_rm_s1`; a swapped one `_swap`
+        after its cluster: `sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8`)."""
         splits = str(self.splits) if self.decomposition is Decomposition.SPLIT_K else ""
         return f"{self.compile_key}{splits}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
 
@@ -179,7 +187,7 @@ class GemmConfig:
         """Parse a `key` back into the config it names."""
         pattern = (
             r"(?P<arch>sm\d+)_(?P<tm>\d+)x(?P<tn>\d+)_c(?P<cm>\d+)x(?P<cn>\d+)(?P<two>_2cta)?"
-            r"_(?P<sched>coop|pp)_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
+            r"(?P<swap>_swap)?_(?P<sched>coop|pp)_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
         )
         match = re.fullmatch(pattern, key)
         if match is None:
@@ -193,6 +201,7 @@ class GemmConfig:
             cluster_m=int(g["cm"]),
             cluster_n=int(g["cn"]),
             two_cta=g["two"] is not None,
+            swap_ab=g["swap"] is not None,
             schedule={tag: v for v, tag in _SCHEDULE_TAGS.items()}[g["sched"]],
             tma_store=g["epi"] == "tma",
             decomposition=decomposition,

@@ -39,7 +39,7 @@ def _check(jobs):
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_hgmma_without_spills():
     configs = rules.implemented_configs()
-    assert len(configs) == 272
+    assert len(configs) == 304
     reports = _check([CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
 
@@ -71,8 +71,9 @@ SIGNATURES = [
 
 @needs_nvdisasm
 def test_every_signature_compiles():
-    # one cooperative and one ping-pong config per signature, alternating the epilogue
+    # cooperative, ping-pong and swapped configs in turn, alternating the epilogue
     configs = [
+        GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
         GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_n=2, tma_store=False),
         GemmConfig(tile_m=256, tile_n=128, tma_store=False),

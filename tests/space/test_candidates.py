@@ -20,10 +20,10 @@ def problem(m, n, k, dtype=torch.bfloat16, arch=Arch.SM90, b_cols_major=False):
 def test_sm90_space_counts_and_validity():
     p = problem(4096, 4096, 4096)
     configs = candidates(p)
-    # 800 binaries: 272 data-parallel, 272 stream-K, 256 split-K (7 split counts; not the
-    # 16 whose reduction spills), x 8 runtime
-    assert len(binaries(p)) == 800
-    assert len(configs) == (272 + 272 + 256 * 7) * 8
+    # 880 binaries: 304 data-parallel, 304 stream-K, 272 split-K (7 split counts; not the
+    # 32 whose reduction spills), each also swapped, x 8 runtime
+    assert len(binaries(p)) == 880 * 2
+    assert len(configs) == (304 + 304 + 272 * 7) * 2 * 8
     assert len({c.key for c in configs}) == len(configs)
     assert all(sm90.serves(c, p) is None for c in configs)
     assert {c.decomposition for c in configs} == set(Decomposition)

@@ -19,7 +19,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ class CompiledGemm:
     Called as `kernel(a, b, out, workspace, counters, *runtime_args(config, device))`: torch
     tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
     arguments (raster, swizzle, splits, grid limit) of any config that shares this binary.
+    `signature` is the problem's; a `swap_ab` binary is built for its transpose, and
+    `launcher`, what callers invoke, hands it (b^T, a^T, out^T).
     """
 
     config: GemmConfig
@@ -49,6 +52,17 @@ class CompiledGemm:
     compile_s: float
     ptx: str | None = None
     sass: str | None = None
+    launcher: Callable = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.launcher = self.function
+        if self.config.swap_ab:
+            function = self.function
+
+            def swapped(a, b, out, *args) -> None:
+                function(b.mT, a.mT, out.mT, *args)
+
+            self.launcher = swapped
 
     def __call__(
         self,
@@ -62,7 +76,7 @@ class CompiledGemm:
         splits: int,
         max_active_clusters: int,
     ) -> None:
-        self.function(a, b, out, workspace, counters, along_n, swizzle, splits, max_active_clusters)
+        self.launcher(a, b, out, workspace, counters, along_n, swizzle, splits, max_active_clusters)
 
 
 def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, int]:
@@ -178,8 +192,9 @@ def compile_gemm(
     from gemmtune.kernels.sm90.kernel import HopperGemm
 
     start = time.perf_counter()
-    gemm = HopperGemm(config, signature)
-    fakes = fake_arguments(signature)
+    built_for = signature.swapped() if config.swap_ab else signature
+    gemm = HopperGemm(config, built_for)
+    fakes = fake_arguments(built_for)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
         options = " ".join(["--enable-tvm-ffi", *(f"--keep-{what}" for what in keep)])

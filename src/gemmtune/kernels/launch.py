@@ -34,7 +34,7 @@ def workspace_need(
     config: GemmConfig, m: int, n: int, k: int, l: int, max_active_clusters: int
 ) -> WorkspaceNeed:
     """The workspace `config` needs for an (m, n, k, l) problem, from the schedule model."""
-    grid = TileGrid(m, n, l, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n)
+    grid = TileGrid.of(config, m, n, l)
     schedule = make_schedule(
         config.decomposition.value,
         grid,

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gemmtune.config import GemmConfig
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -39,6 +43,14 @@ class TileGrid:
     tile_n: int
     cluster_m: int = 1
     cluster_n: int = 1
+
+    @classmethod
+    def of(cls, config: GemmConfig, m: int, n: int, l: int) -> TileGrid:
+        """How `config`'s kernel cuts an (m, n, l) output: for a `swap_ab` config, the
+        transposed output (n, m, l), which its kernel computes."""
+        if config.swap_ab:
+            m, n = n, m
+        return cls(m, n, l, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n)
 
     @property
     def tiles_m(self) -> int:

@@ -6,6 +6,7 @@ operand is contiguous, and to whether the tensors carry a batch dimension (rank 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,12 @@ import torch
 from gemmtune.problem import DTYPE_NAMES, GemmProblem
 
 _DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+# In the transposed product out^T = b^T @ a^T, the major of the new A (from b's), of the new B
+# (from a's) and of the output: a contiguous K stays K, b's contiguous N is b^T's M, a's
+# contiguous M is a^T's N.
+_SWAPPED_A_MAJOR = {"k": "k", "n": "m"}
+_SWAPPED_B_MAJOR = {"k": "k", "m": "n"}
+_SWAPPED_OUT_MAJOR = {"n": "m", "m": "n"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,16 @@ class KernelSignature:
             b_major=problem.b_major or "n",
             out_major=problem.out_major or "n",
             batched=problem.batched,
+        )
+
+    def swapped(self) -> KernelSignature:
+        """The signature of the transposed product out^T = b^T @ a^T, the one a `swap_ab`
+        config's binary is compiled for."""
+        return dataclasses.replace(
+            self,
+            a_major=_SWAPPED_A_MAJOR[self.b_major],
+            b_major=_SWAPPED_B_MAJOR[self.a_major],
+            out_major=_SWAPPED_OUT_MAJOR[self.out_major],
         )
 
     @property

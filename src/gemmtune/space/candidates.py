@@ -1,13 +1,16 @@
 """Every valid `GemmConfig` for a problem.
 
 The kernels say what is valid (`kernels/<arch>/rules.py`: tiles, clusters, shared memory,
-dtypes, layouts, alignment); this module only multiplies their binaries out by the runtime
-fields: split counts, raster orders, swizzles. Order is deterministic: the kernel's order of
-binaries, then splits, raster, swizzle.
+dtypes, layouts, alignment); this module only multiplies their binaries out by operand swap
+(each binary also computes the transposed product, out^T = b^T @ a^T, where M and N trade
+places) and by the runtime fields: split counts, raster orders, swizzles. Order is
+deterministic: the kernel's order of binaries, unswapped before swapped, then splits, raster,
+swizzle.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import ModuleType
 
@@ -36,15 +39,14 @@ def binaries(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]
         # describe the same problem on the other architecture (enumeration on the CPU)
         problem = _on_arch(problem, arch)
     return [
-        config
+        variant
         for config in rules.implemented_configs(tuple(Decomposition))
-        if rules.serves(config, problem) is None
+        for variant in (config, dataclasses.replace(config, swap_ab=True))
+        if rules.serves(variant, problem) is None
     ]
 
 
 def _on_arch(problem: GemmProblem, arch: Arch) -> GemmProblem:
-    import dataclasses
-
     return dataclasses.replace(problem, arch=arch)
 
 

@@ -125,15 +125,7 @@ class RankingModel:
         a, c, publish, gather = self.constants(config)
         ctas = config.cluster_m * config.cluster_n
         resident = self.device.resident_clusters(ctas)
-        grid = TileGrid(
-            problem.m,
-            problem.n,
-            problem.l,
-            config.tile_m,
-            config.tile_n,
-            config.cluster_m,
-            config.cluster_n,
-        )
+        grid = TileGrid.of(config, problem.m, problem.n, problem.l)
         k_tiles = ceil_div(problem.k, TILE_K)
         units = grid.work_units
         calibration = self._calibration(config)
@@ -165,11 +157,11 @@ class RankingModel:
         out_bytes = problem.m * problem.n * problem.l * problem.out_dtype.itemsize
         # an operand that several cluster rows (columns) read is partly fetched again from
         # HBM; one that a single cluster row reads (e.g. B when the cluster spans all of M) is
-        # streamed once and multicast
+        # streamed once and multicast (the kernel's A and B: b and a for a swap_ab config)
         reread = calibration.get("reread_fraction", 0.0)
         a_reads = 1.0 + reread * (grid.clusters_n > 1)
         b_reads = 1.0 + reread * (grid.clusters_m > 1)
-        in_bytes = (problem.m * a_reads + problem.n * b_reads) * problem.k * problem.l
+        in_bytes = (grid.m * a_reads + grid.n * b_reads) * problem.k * problem.l
         in_bytes *= problem.a_dtype.itemsize
         memory = (in_bytes + out_bytes + partial_bytes) / self.device.hbm_bytes_per_us
         penalty = calibration.get("overlap_penalty", 0.0)

@@ -26,8 +26,9 @@ THREADS_PER_WARPGROUP = 128
 #: 32-bit registers of one SM, all of them for the one CTA it holds.
 REGISTER_FILE = 65536
 #: Registers a consumer thread needs besides its accumulators (addressing, the epilogue's
-#: conversion, the pipeline state) so as not to spill.
-CONSUMER_OVERHEAD_REGISTERS = 40
+#: conversion, the pipeline state) so as not to spill: 256x208 cooperative and 128x208
+#: ping-pong (208 accumulators of 240) compiled without spills.
+CONSUMER_OVERHEAD_REGISTERS = 32
 #: Split-K's scattered sum needs registers beyond the accumulators: tiles of 192 accumulator
 #: registers per thread (256x192 cooperative, 128x192 ping-pong) spilled, 160 did not.
 SPLIT_K_MAX_ACCUMULATOR_REGISTERS = 160
@@ -38,9 +39,11 @@ WGMMA_OVERHEAD_REGISTERS = 26
 
 # 192 = three 64-row warpgroups (cuBLAS's 192x192 tile makes 132 tiles of a 2048x2304 output)
 TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 192, 256), Schedule.PINGPONG: (64, 128)}
-# multiples of 32, and 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
-# leaves 12 idle and wastes most of a column of tiles)
-TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144)))
+# multiples of 32; 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
+# leaves 12 idle and wastes most of a column of tiles); 208, as a swapped tile 208 rows of the
+# output tall (4096 x 28672 in 256x208 c1x2 swapped tiles: 1120 cluster units, 16.97 rounds
+# of 66 clusters, where 128x256's 1792 make 27.15 and so 28; 1.032 of cuBLAS, QuACK's pick)
+TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144, 208)))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
 EPI_TILE_N = 32
 MIN_AB_STAGES = 2
@@ -71,10 +74,11 @@ def consumer_warpgroups(config: GemmConfig) -> int:
 
 def register_split(config: GemmConfig) -> tuple[int, int]:
     """Registers per thread of the producer and of the consumers after `setmaxnreg`: the
-    producer keeps little (24 is the least allowed, taken where three consumers need it)
-    and the consumers share the rest, in multiples of 8."""
+    producer keeps little (24 is the least allowed, taken where three consumers, or two
+    holding 208 accumulators or more, need it) and the consumers share the rest, in
+    multiples of 8."""
     consumers = consumer_warpgroups(config)
-    producer = 40 if consumers == 2 else 24
+    producer = 40 if consumers == 2 and accumulator_registers(config) < 208 else 24
     per_row = REGISTER_FILE // THREADS_PER_WARPGROUP
     return producer, (per_row - producer) // consumers // 8 * 8
 
