@@ -2,8 +2,8 @@
 
 A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, schedule,
 epilogue, decomposition, operand swap); its *runtime* fields (split count, raster order,
-swizzle) are kernel arguments, so sweeping them costs a launch, never a compile. `key` names the whole variant,
-`compile_key` the binary.
+swizzle) are kernel arguments, so sweeping them costs a launch, never a compile. `key` names
+the whole variant, `compile_key` the binary.
 
 Fields are validated on construction against what the hardware allows at all; whether a given
 kernel implements a config, and whether it can serve a given problem, is the kernels' business
