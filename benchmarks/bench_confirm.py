@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,17 +42,27 @@ from gemmtune.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
 
-# The picks of kernel-h200 runs 5-8 for the bar shapes of issues 3 and 4, two per shape, and
-# run 9's 256x192 pick for l8b_qkv_4k (bf16, 1.035).
+# The picks of kernel-h200 runs 5-8 for the bar shapes of issues 3 and 4, two per shape;
+# run 9's 256x192 pick for l8b_qkv_4k (bf16, 1.035); QuACK's pick for sq8192 and gateup, a
+# swapped 256x208 tile on a 1x2 cluster (session 11's probe: 1.035 and 1.032 of cuBLAS).
 CONFIRMED = {
     "sq4096": ("sm90_128x256_c2x1_coop_tma_dp_rn_s8", "sm90_128x192_c2x1_pp_tma_dp_rn_s8"),
-    "sq8192": ("sm90_128x256_c2x1_coop_tma_dp_rn_s8", "sm90_128x192_c2x1_pp_tma_streamk_rn_s8"),
+    "sq8192": (
+        "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
+        "sm90_128x192_c2x1_pp_tma_streamk_rn_s8",
+        "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8",
+    ),
     "l8b_qkv_4k": (
         "sm90_128x192_c2x1_pp_tma_dp_rn_s8",
         "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
         "sm90_256x192_c2x1_coop_tma_dp_rn_s2",
     ),
-    "l8b_gateup_4k": ("sm90_128x256_c2x1_coop_tma_dp_rn_s8", "sm90_128x192_c2x1_pp_tma_dp_rn_s8"),
+    "l8b_gateup_4k": (
+        "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
+        "sm90_128x192_c2x1_pp_tma_dp_rn_s8",
+        "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8",
+        "sm90_256x208_c1x1_swap_coop_tma_dp_rm_s8",
+    ),
     "l8b_down_4k": (
         "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
         "sm90_128x256_c2x1_coop_tma_streamk_rn_s8",
@@ -75,7 +87,18 @@ def compile_confirmed(dtypes: list[str], shapes: list[str], workers: int) -> dic
     return kernels
 
 
-def confirm_shape(shape: dict, dtype: str, kernels: dict, rounds: int) -> list[dict]:
+@dataclass(frozen=True)
+class Peer:
+    """Another library timed beside ours: `make(a, b, out)` prepares it for one problem and
+    returns (the function that computes a @ b into `out`, the name of what it chose)."""
+
+    name: str
+    make: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[Callable[[], None], str]]
+
+
+def confirm_shape(
+    shape: dict, dtype: str, kernels: dict, rounds: int, peers: tuple[Peer, ...] = ()
+) -> list[dict]:
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
@@ -92,32 +115,46 @@ def confirm_shape(shape: dict, dtype: str, kernels: dict, rounds: int) -> list[d
     def cublas():
         torch.mm(a, b, out=out)
 
-    runs = [cublas] + [launcher(c) for c in configs]
+    peer_outs = [torch.empty_like(out) for _ in peers]
+    peer_runs, peer_choices = [], []
+    for peer, peer_out in zip(peers, peer_outs, strict=True):
+        run, choice = peer.make(a, b, peer_out)
+        peer_runs.append(run)
+        peer_choices.append(choice)
+    runs = [cublas] + [launcher(c) for c in configs] + peer_runs
+    outs = [out] * (1 + len(configs)) + peer_outs
     errors = []
-    for run in runs:
-        out.fill_(float("nan"))
+    for run, written in zip(runs, outs, strict=True):
+        written.fill_(float("nan"))
         run()
-        errors.append(relative_error(out, ref))
+        errors.append(relative_error(written, ref))
         if errors[-1] > TOLERANCE:
             raise RuntimeError(f"{shape['name']} {dtype}: relative error {errors[-1]:.3g}")
     times = do_bench_rounds(runs, rounds)
     cublas_ms = statistics.median(times[0])
+    ours_times = times[1 : 1 + len(configs)]
+    peer_times = times[1 + len(configs) :]
     rows = []
-    for config, ours, err in zip(configs, times[1:], errors[1:], strict=True):
+    for config, ours, err in zip(configs, ours_times, errors[1:], strict=True):
         ours_ms = statistics.median(ours)
         per_round = sorted(c / o for c, o in zip(times[0], ours, strict=True))
-        rows.append(
-            {
-                **kernel_row(shape["name"], m, n, k, dtype, config.key),
-                **against_cublas(m, n, k, ours_ms, cublas_ms),
-                "rel_err": round(err, 6),
-                "cublas_rel_err": round(errors[0], 6),
-                "rounds": rounds,
-                "round_ratio_min": round(per_round[0], 4),
-                "round_ratio_median": round(statistics.median(per_round), 4),
-                "round_ratio_max": round(per_round[-1], 4),
-            }
-        )
+        row = {
+            **kernel_row(shape["name"], m, n, k, dtype, config.key),
+            **against_cublas(m, n, k, ours_ms, cublas_ms),
+            "rel_err": round(err, 6),
+            "cublas_rel_err": round(errors[0], 6),
+            "rounds": rounds,
+            "round_ratio_min": round(per_round[0], 4),
+            "round_ratio_median": round(statistics.median(per_round), 4),
+            "round_ratio_max": round(per_round[-1], 4),
+        }
+        for peer, choice, peer_t in zip(peers, peer_choices, peer_times, strict=True):
+            peer_ms = statistics.median(peer_t)
+            row[f"{peer.name}_config"] = choice
+            row[f"{peer.name}_ms"] = round(peer_ms, 5)
+            row[f"{peer.name}_ratio"] = round(cublas_ms / peer_ms, 4)  # the peer vs cuBLAS
+            row[f"vs_{peer.name}"] = round(peer_ms / ours_ms, 4)  # above 1: we are faster
+        rows.append(row)
     return rows
 
 

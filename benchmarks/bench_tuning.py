@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument(
         "--exhaustive",
         type=Path,
-        default=RESULTS / "timings-h200-2026-11-21.json.gz",
+        default=RESULTS / "timings-h200-2026-11-22.json.gz",
         help="collect_timings.py output",
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)

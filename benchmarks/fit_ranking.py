@@ -10,7 +10,7 @@ runtime sweep (raster x swizzle) of the best two, against the exhaustive best; e
 also replayed with its own timings left out of the fit (leave-one-shape-out), the honest
 figure for shapes the model has not seen. The table goes to `ranking-<gpu>-<date>.json`.
 
-    python benchmarks/fit_ranking.py results/timings-h200-2026-11-21.json.gz
+    python benchmarks/fit_ranking.py results/timings-h200-2026-11-22.json.gz
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ The model is analytic in its structure and fitted in its constants:
   is when a cluster spans all of a small M, streams once. Compute and memory overlap
   imperfectly, so the smaller of the two adds a fitted fraction `overlap_penalty` of itself
   (this also keeps configs that sit at the floor ranked by their compute).
+- An operand whose contiguous mode is M or N gets the 128-byte shared-memory swizzle only when
+  its tile spans a multiple of 64 elements along that mode; a narrower swizzle costs
+  `NARROW_SWIZZLE_COST` of `a_f` (families are fitted with row-major a and b, whose B is
+  N-major: a swapped config or another layout can gain or lose the narrow swizzle).
 - Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
   (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
   Stream-K's (`stream_k_*`) are measured directly: a stream-K segment's partners finish when
@@ -27,8 +31,10 @@ they are swept by timing, on binaries already compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -36,6 +42,27 @@ from gemmtune.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
 from gemmtune.kernels.sm90.rules import TILE_K
 from gemmtune.problem import GemmProblem
+
+#: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
+#: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
+#: 32 bytes (208: 32). WGMMA reads it more slowly: 256x208 c1x2 swapped (both operands
+#: 128-byte) ran 4.3-6.7 % faster than 256x208 c2x1 unswapped (B 32-byte), the same tiles on
+#: the same clusters in the same order, on sq4096, sq8192, l8b_qkv_4k, gateup and down_4k.
+NARROW_SWIZZLE_COST = 0.05
+SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
+#: The layout the families are fitted on (`collect_timings.py`): row-major a and b.
+FITTED_MAJORS = ("k", "n")
+
+
+def narrow_swizzles(config: GemmConfig, a_major: str | None, b_major: str | None) -> int:
+    """How many of the kernel's operands get a swizzle narrower than 128 bytes, for a problem
+    whose a and b have these majors."""
+    a_mn, b_mn = a_major == "m", b_major == "n"
+    if config.swap_ab:  # the kernel's A is b^T, its B is a^T
+        a_mn, b_mn = b_mn, a_mn
+    return int(a_mn and config.tile_m % SWIZZLE_ELEMENTS != 0) + int(
+        b_mn and config.tile_n % SWIZZLE_ELEMENTS != 0
+    )
 
 
 @dataclass(frozen=True)
@@ -123,6 +150,11 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         a, c, publish, gather = self.constants(config)
+        fitted = dataclasses.replace(config, swap_ab=False)
+        a *= (1 + NARROW_SWIZZLE_COST) ** (
+            narrow_swizzles(config, problem.a_major, problem.b_major)
+            - narrow_swizzles(fitted, *FITTED_MAJORS)
+        )
         ctas = config.cluster_m * config.cluster_n
         resident = self.device.resident_clusters(ctas)
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
@@ -186,6 +218,15 @@ class RankingModel:
 
     def top_k(self, problem: GemmProblem, configs: list[GemmConfig], k: int) -> list[GemmConfig]:
         """The k configs predicted fastest, among those at the default raster and swizzle (the
-        tuner sweeps those on what it compiles)."""
+        tuner sweeps those on what it compiles). A swapped config takes a place only when it
+        is predicted faster than its unswapped twin: where the model sees no difference
+        between the two, timing both would spend two places on one guess."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
-        return [c for _, c in self.rank(problem, defaults)[:k]]
+        ranked = self.rank(problem, defaults)
+        predicted = {c: t for t, c in ranked}
+        kept = [
+            c
+            for t, c in ranked
+            if not c.swap_ab or t < predicted.get(dataclasses.replace(c, swap_ab=False), math.inf)
+        ]
+        return kept[:k]
