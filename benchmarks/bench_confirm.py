@@ -135,7 +135,7 @@ def confirm_shape(
     ours_times = times[1 : 1 + len(configs)]
     peer_times = times[1 + len(configs) :]
     rows = []
-    for config, ours, err in zip(configs, ours_times, errors[1:], strict=True):
+    for config, ours, err in zip(configs, ours_times, errors[1 : 1 + len(configs)], strict=True):
         ours_ms = statistics.median(ours)
         per_round = sorted(c / o for c, o in zip(times[0], ours, strict=True))
         row = {
@@ -148,9 +148,13 @@ def confirm_shape(
             "round_ratio_median": round(statistics.median(per_round), 4),
             "round_ratio_max": round(per_round[-1], 4),
         }
-        for peer, choice, peer_t in zip(peers, peer_choices, peer_times, strict=True):
+        peer_errors = errors[1 + len(configs) :]
+        for peer, choice, peer_t, peer_err in zip(
+            peers, peer_choices, peer_times, peer_errors, strict=True
+        ):
             peer_ms = statistics.median(peer_t)
             row[f"{peer.name}_config"] = choice
+            row[f"{peer.name}_rel_err"] = round(peer_err, 6)
             row[f"{peer.name}_ms"] = round(peer_ms, 5)
             row[f"{peer.name}_ratio"] = round(cublas_ms / peer_ms, 4)  # the peer vs cuBLAS
             row[f"vs_{peer.name}"] = round(peer_ms / ours_ms, 4)  # above 1: we are faster
