@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests kernel confirm launch decomp energy timings tuning cache suite (default: doctor tests kernel launch decomp). Results and logs go to $OUT.
+# Steps: doctor tests kernel confirm peers launch decomp energy timings tuning cache suite
+# (default: doctor tests kernel launch decomp). Results and logs go to $OUT. peers needs QuACK
+# importable (bench_peers.py says how).
 set -uo pipefail
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
@@ -14,6 +16,7 @@ for step in $steps; do
     tests) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
     kernel) timeout 570 python3 benchmarks/bench_kernel.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-kernel.txt" | grep -v "^nvdisasm" ;;
     confirm) timeout 560 python3 benchmarks/bench_confirm.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-confirm.txt" | grep -v "^nvdisasm" ;;
+    peers) timeout 560 python3 benchmarks/bench_peers.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-peers.txt" | grep -v "^nvdisasm\|^Autotuning kernel\|autotuning for\| -> " ;;
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
