@@ -50,8 +50,6 @@ from gemmtune.problem import GemmProblem
 #: the same clusters in the same order, on sq4096, sq8192, l8b_qkv_4k, gateup and down_4k.
 NARROW_SWIZZLE_COST = 0.05
 SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
-#: Places of `top_k` one tile shape and schedule may take while other tiles are left.
-PER_TILE = 2
 #: The layout the families are fitted on (`collect_timings.py`): row-major a and b.
 FITTED_MAJORS = ("k", "n")
 
@@ -220,12 +218,9 @@ class RankingModel:
 
     def top_k(self, problem: GemmProblem, configs: list[GemmConfig], k: int) -> list[GemmConfig]:
         """The k configs predicted fastest, among those at the default raster and swizzle (the
-        tuner sweeps those on what it compiles), with at most `PER_TILE` of one tile shape and
-        schedule while others are left: the model's errors are shared by a tile's cluster
-        and decomposition variants, so a list of one tile's variants stakes the tuning on one
-        guess (4096 x 28672 x 4096: eight 256x208 variants, none of which beat cuBLAS at the
-        default raster). A swapped config takes a place only when it is predicted faster than
-        its unswapped twin, for the same reason."""
+        tuner sweeps those on what it compiles). A swapped config takes a place only when it
+        is predicted faster than its unswapped twin: where the model sees no difference
+        between the two, timing both would spend two places on one guess."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -234,12 +229,4 @@ class RankingModel:
             for t, c in ranked
             if not c.swap_ab or t < predicted.get(dataclasses.replace(c, swap_ab=False), math.inf)
         ]
-        picked: list[GemmConfig] = []
-        per_tile: dict[tuple, int] = {}
-        for c in kept:
-            tile = (c.tile_m, c.tile_n, c.schedule)
-            if per_tile.get(tile, 0) < PER_TILE:
-                picked.append(c)
-                per_tile[tile] = per_tile.get(tile, 0) + 1
-        rest = [c for c in kept if c not in set(picked)]
-        return (picked + rest)[:k] if len(picked) < k else picked[:k]
+        return kept[:k]
