@@ -190,12 +190,30 @@ def implemented_configs(
     return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
 
+def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
+    """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
+    would spill, or None. Found by the compile test of every signature: 256x208 cooperative
+    (208 accumulators) spilled 22-26 registers with a batch index to carry; 128x192 ping-pong
+    with direct stores to an M-major output spilled 4-64."""
+    built_for = signature.swapped() if config.swap_ab else signature
+    regs = accumulator_registers(config)
+    if built_for.batched and regs > 192:
+        return f"{regs} accumulator registers per thread spill with a batch dimension"
+    if not config.tma_store and built_for.out_major == "m" and regs >= 192:
+        return f"{regs} accumulator registers spill when stored directly to an M-major output"
+    return None
+
+
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     """Why `config` cannot compute `problem`, or None when it can."""
     why = serve_reason(config, problem, implements)
     if why:
         return why
-    plan = smem_plan(config, KernelSignature.of(problem))
+    signature = KernelSignature.of(problem)
+    why = signature_reason(config, signature)
+    if why:
+        return why
+    plan = smem_plan(config, signature)
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
     return None
