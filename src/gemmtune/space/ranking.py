@@ -54,11 +54,13 @@ SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
 FITTED_MAJORS = ("k", "n")
 
 
-def narrow_swizzles(config: GemmConfig, a_major: str | None, b_major: str | None) -> int:
+def narrow_swizzles(
+    config: GemmConfig, a_major: str | None, b_major: str | None, swap_ab: bool
+) -> int:
     """How many of the kernel's operands get a swizzle narrower than 128 bytes, for a problem
-    whose a and b have these majors."""
+    whose a and b have these majors, computed as it is (`swap_ab` False) or transposed."""
     a_mn, b_mn = a_major == "m", b_major == "n"
-    if config.swap_ab:  # the kernel's A is b^T, its B is a^T
+    if swap_ab:  # the kernel's A is b^T, its B is a^T
         a_mn, b_mn = b_mn, a_mn
     return int(a_mn and config.tile_m % SWIZZLE_ELEMENTS != 0) + int(
         b_mn and config.tile_n % SWIZZLE_ELEMENTS != 0
@@ -150,10 +152,9 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         a, c, publish, gather = self.constants(config)
-        fitted = dataclasses.replace(config, swap_ab=False)
         a *= (1 + NARROW_SWIZZLE_COST) ** (
-            narrow_swizzles(config, problem.a_major, problem.b_major)
-            - narrow_swizzles(fitted, *FITTED_MAJORS)
+            narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
+            - narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
         )
         ctas = config.cluster_m * config.cluster_n
         resident = self.device.resident_clusters(ctas)
