@@ -91,12 +91,13 @@ def mma_tile(
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     release_state = read_state.clone()
-    accumulators.fill(0.0)
-    tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
     ab_pipeline.consumer_wait(read_state)
     cute.nvgpu.warpgroup.fence()
     for k_block in cutlass.range_constexpr(num_k_blocks):
+        # the first WGMMA overwrites the accumulators (scale-d 0): no zero-fill of the
+        # 100-200 accumulator registers between tiles
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
         coord = (None, None, k_block, read_state.index)
         cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
     cute.nvgpu.warpgroup.commit_group()
