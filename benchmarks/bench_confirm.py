@@ -42,29 +42,30 @@ from gemmtune.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
 
-# The picks of kernel-h200 runs 5-8 for the bar shapes of issues 3 and 4, two per shape;
-# run 9's 256x192 pick for l8b_qkv_4k (bf16, 1.035); QuACK's pick for sq8192 and gateup, a
-# swapped 256x208 tile on a 1x2 cluster (session 11's probe: 1.035 and 1.032 of cuBLAS).
+# The bar shapes of issue 3: the best of a sweep of 5-6 binaries per shape at four runtime
+# rasters (rm/rn x s1/s8) beside QuACK on one H200 (session 12, bf16, 6 rounds), each with
+# the runner-up binary; down_4k keeps its stream-K variant. The others: picks of kernel-h200
+# runs 5-8 for issue 4's shapes.
 CONFIRMED = {
-    "sq4096": ("sm90_128x256_c2x1_coop_tma_dp_rn_s8", "sm90_128x192_c2x1_pp_tma_dp_rn_s8"),
-    "sq8192": (
+    "sq4096": (
         "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
-        "sm90_128x192_c2x1_pp_tma_streamk_rn_s8",
+        "sm90_256x128_c1x2_swap_coop_tma_dp_rm_s8",
+    ),
+    "sq8192": (
         "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8",
+        "sm90_256x192_c1x2_coop_tma_dp_rm_s8",
     ),
     "l8b_qkv_4k": (
-        "sm90_128x192_c2x1_pp_tma_dp_rn_s8",
-        "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
-        "sm90_256x192_c2x1_coop_tma_dp_rn_s2",
+        "sm90_256x192_c1x2_coop_tma_dp_rm_s8",
+        "sm90_256x192_c2x1_coop_tma_dp_rm_s1",
     ),
     "l8b_gateup_4k": (
-        "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
-        "sm90_128x192_c2x1_pp_tma_dp_rn_s8",
+        "sm90_256x208_c1x2_swap_coop_tma_dp_rn_s1",
         "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8",
-        "sm90_256x208_c1x1_swap_coop_tma_dp_rm_s8",
     ),
     "l8b_down_4k": (
         "sm90_128x256_c2x1_coop_tma_dp_rn_s8",
+        "sm90_256x128_c1x2_swap_coop_tma_dp_rm_s8",
         "sm90_128x256_c2x1_coop_tma_streamk_rn_s8",
     ),
     "wave_1k_4352": ("sm90_256x144_c1x1_coop_tma_dp_rn_s1", "sm90_256x144_c2x1_coop_tma_dp_rm_s1"),
@@ -75,7 +76,11 @@ CONFIRMED = {
 
 
 def compile_confirmed(dtypes: list[str], shapes: list[str], workers: int) -> dict:
-    configs = {GemmConfig.from_key(key) for s in shapes for key in CONFIRMED[s]}
+    # one binary per compile key: the runtime fields (raster, swizzle) are launch arguments
+    configs = {
+        config.compile_key: config
+        for config in (GemmConfig.from_key(key) for s in shapes for key in CONFIRMED[s])
+    }.values()
     jobs = [
         CompileJob(config, KernelSignature(ab_dtype=d, out_dtype=d))
         for config in sorted(configs, key=lambda c: c.key)
