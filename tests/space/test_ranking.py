@@ -66,6 +66,18 @@ def test_top_k_takes_default_runtime_configs_in_order():
     assert any(c.tile_m * c.tile_n >= 128 * 192 for c in top[:3])
 
 
+def test_top_k_spends_no_place_on_a_stream_k_twin_predicted_alike():
+    model = RankingModel(DeviceModel(), FLAT)
+    dp = GemmConfig(tile_m=128, tile_n=128)
+    stream_k = GemmConfig(tile_m=128, tile_n=128, decomposition="stream_k")
+    whole_waves = problem(128 * 12, 128 * 11, 4096)  # 132 tiles: stream-K has nothing to do
+    assert model.predict_us(whole_waves, stream_k) == model.predict_us(whole_waves, dp)
+    assert model.top_k(whole_waves, [dp, stream_k], 2) == [dp]
+    # where it is predicted faster it takes its place, ahead of its twin
+    few_tiles = problem(512, 512, 32768)
+    assert model.top_k(few_tiles, [dp, stream_k], 2) == [stream_k, dp]
+
+
 def test_an_operand_one_cluster_row_reads_streams_once():
     # M = 128: a 64-row tile in a 2x1 cluster spans all of M, so B (4096 x 14336) is read by
     # one cluster row and multicast; in a 1x2 cluster two cluster rows read it

@@ -220,14 +220,23 @@ class RankingModel:
     def top_k(self, problem: GemmProblem, configs: list[GemmConfig], k: int) -> list[GemmConfig]:
         """The k configs predicted fastest, among those at the default raster and swizzle (the
         tuner sweeps those on what it compiles). A swapped config takes a place only when it
-        is predicted faster than its unswapped twin: where the model sees no difference
-        between the two, timing both would spend two places on one guess."""
+        is predicted faster than its unswapped twin, and a split-K or stream-K config only
+        when predicted faster than its data-parallel twin: where the model sees no difference
+        between the two, timing both would spend two places on one guess (stream-K twins of
+        data-parallel configs took four of 4096^3's eight places, predicted alike)."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
-        kept = [
-            c
-            for t, c in ranked
-            if not c.swap_ab or t < predicted.get(dataclasses.replace(c, swap_ab=False), math.inf)
-        ]
+
+        def twins(config: GemmConfig) -> list[GemmConfig]:
+            found = []
+            if config.swap_ab:
+                found.append(dataclasses.replace(config, swap_ab=False))
+            if config.decomposition is not Decomposition.DATA_PARALLEL:
+                found.append(
+                    dataclasses.replace(config, decomposition=Decomposition.DATA_PARALLEL, splits=1)
+                )
+            return found
+
+        kept = [c for t, c in ranked if all(t < predicted.get(twin, math.inf) for twin in twins(c))]
         return kept[:k]
