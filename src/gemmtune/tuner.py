@@ -143,8 +143,8 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
-    are timed at every raster order and swizzle (each candidate: `warmup_ms`, then the median
-    of `runs` runs, kept short so that the GPU's clocks move little from one to the next; four
+    are timed at every raster order and swizzle (each candidate: `warmup_ms`, or longer after
+    the GPU sat idle (`bench.runner.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so that the GPU's clocks move little from one to the next; four
     binaries, because the first pass times each at raster M, swizzle 1, which can cost a
     binary more than separates it from the next: 2.4 % for 128x256 c2x1 on 4096^3), and
     the `finalists` best each alone in windows of `final_window_ms` taken in turn
