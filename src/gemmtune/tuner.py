@@ -122,7 +122,7 @@ def tune(
     *,
     top_k: int = 8,
     exhaustive: bool = False,
-    sweep: int = 4,
+    sweep: int = 2,
     finalists: int = 5,
     warmup_ms: float = 25.0,
     runs: int = 20,
@@ -143,10 +143,9 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
     binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
-    are timed at every raster order and swizzle (each candidate: `warmup_ms`, or longer after
-    the GPU sat idle (`bench.runner.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so that the GPU's clocks move little from one to the next; four
-    binaries, because the first pass times each at raster M, swizzle 1, which can cost a
-    binary more than separates it from the next: 2.4 % for 128x256 c2x1 on 4096^3), and
+    are timed at every raster order and swizzle (each candidate: `warmup_ms`, longer after the
+    GPU sat idle (`bench.runner.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short
+    so that the GPU's clocks move little from one to the next), and
     the `finalists` best each alone in windows of `final_window_ms` taken in turn
     `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
     model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend`

@@ -91,13 +91,21 @@ def mma_tile(
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     release_state = read_state.clone()
+    # Where a warpgroup issues several WGMMAs per k-block (128 rows or more of it), ptxas
+    # turned a zero-fill into register moves and a wait for the first WGMMA before the second
+    # could issue, every tile (256x208: 104 moves); there the first k-block's WGMMAs start from
+    # zero instead (scale-d 0: +1.5 % at 8192x8192x512). With one WGMMA per k-block ptxas
+    # folds the fill into it, and the flag made 192x144 direct-store configs spill.
+    zero_by_flag = cute.size(tCrA, mode=[1]) > 1
+    if cutlass.const_expr(not zero_by_flag):
+        accumulators.fill(0.0)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
 
     ab_pipeline.consumer_wait(read_state)
     cute.nvgpu.warpgroup.fence()
     for k_block in cutlass.range_constexpr(num_k_blocks):
-        # the first WGMMA overwrites the accumulators (scale-d 0): no zero-fill of the
-        # 100-200 accumulator registers between tiles
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
+        if cutlass.const_expr(zero_by_flag):
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
         coord = (None, None, k_block, read_state.index)
         cute.gemm(tiled_mma, accumulators, tCrA[coord], tCrB[coord], accumulators)
     cute.nvgpu.warpgroup.commit_group()
