@@ -65,7 +65,7 @@ class CompareJob:
 #: is timed. With 25 ms, 4096x28672x4096 candidates timed as they compiled read 1.22-1.35 ms
 #: and the same kernels 1.39-1.53 ms when timed back to back or in the final, so the sweep and
 #: the swapped 256x208 tile never reached the final; with 150 ms every first-pass time came
-#: within 2 % of its final (H200).
+#: within 3 % of its final (H200).
 IDLE_WARMUP_MS = 150.0
 #: A pause longer than this counts as idle.
 IDLE_AFTER_S = 0.05
