@@ -84,3 +84,15 @@ def test_every_signature_compiles():
     # the rules refuse what spills (batched 256x208, 128x192 ping-pong storing M-major)
     assert {j.config.tile_n for j in refused} == {192, 208}
     _check([j for j in jobs if j not in refused])
+
+
+@needs_nvdisasm
+def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills():
+    # the neighbours of `rules.BATCHED_SPILLING_TILES`, on two clusters and both epilogues
+    batched = KernelSignature(batched=True)
+    configs = [
+        GemmConfig(tile_m=192, tile_n=128),
+        GemmConfig(tile_m=192, tile_n=192, cluster_m=2, tma_store=False),
+    ]
+    assert all(rules.signature_reason(c, batched) is None for c in configs)
+    _check([CompileJob(c, batched) for c in configs])

@@ -72,3 +72,13 @@ def test_split_k_keeps_registers_for_its_reduction():
     assert "spills" in rules.implements(wide)
     assert rules.implements(GemmConfig(tile_m=256, tile_n=192, decomposition="stream_k")) is None
     assert rules.implements(dataclasses.replace(wide, tile_n=160)) is None
+
+
+def test_batched_signatures_refuse_the_192_row_tiles_that_spill():
+    batched, flat = KernelSignature(batched=True), KernelSignature()
+    for tile_n in (144, 160):
+        config = GemmConfig(tile_m=192, tile_n=tile_n)
+        assert "batch" in rules.signature_reason(config, batched)
+        assert rules.signature_reason(config, flat) is None
+    for tile_n in (128, 192):  # compiled clean batched
+        assert rules.signature_reason(GemmConfig(tile_m=192, tile_n=tile_n), batched) is None

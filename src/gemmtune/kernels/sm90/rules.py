@@ -190,15 +190,24 @@ def implemented_configs(
     return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
 
+#: Tiles that spill with a batch dimension although their accumulators are few: three
+#: consumer warpgroups at 160 registers, found by compiling every config for batched
+#: signatures (192x144: 2-21 local memory ops, 192x160: 5; 192x96, 192x128, 192x192 and
+#: wider compiled clean).
+BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
+
+
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
     would spill, or None. Found by the compile test of every signature: 256x208 cooperative
     (208 accumulators) spilled 22-26 registers with a batch index to carry; 128x192 ping-pong
-    with direct stores to an M-major output spilled 4-64."""
+    with direct stores to an M-major output spilled 4-64; `BATCHED_SPILLING_TILES`."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.batched and regs > 192:
         return f"{regs} accumulator registers per thread spill with a batch dimension"
+    if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
+        return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
     if not config.tma_store and built_for.out_major == "m" and regs >= 192:
         return f"{regs} accumulator registers spill when stored directly to an M-major output"
     return None
