@@ -238,5 +238,10 @@ class RankingModel:
                 )
             return found
 
-        kept = [c for t, c in ranked if all(t < predicted.get(twin, math.inf) for twin in twins(c))]
-        return kept[:k]
+        kept: list[GemmConfig] = []
+        for t, config in ranked:
+            if len(kept) >= k:
+                break
+            if all(t < predicted.get(twin, math.inf) for twin in twins(config)):
+                kept.append(config)
+        return kept
