@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from gemmtune.bench.runner import GemmRunner, Measurement
-from gemmtune.bench.timing import L2Flusher, time_cuda
+from gemmtune.bench.timing import IdleWarmup, L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
 
 #: relative error allowed against the reference, per output dtype (a user's kernel may
@@ -100,6 +100,7 @@ class CallableRunner:
                 expected = self._output()
             self.reference = None if expected is None else expected.detach().float().clone()
         self.flush = L2Flusher(device)
+        self.idle = IdleWarmup()  # a user's JIT compiling a config leaves the GPU idle
 
     def _output(self) -> torch.Tensor | None:
         where = self.spec.output
@@ -130,8 +131,12 @@ class CallableRunner:
                     name, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
                 )
         timing = time_cuda(
-            lambda: self._call(job.config), warmup_ms=job.warmup_ms, runs=job.runs, flush=self.flush
+            lambda: self._call(job.config),
+            warmup_ms=self.idle.warmup_ms(job.warmup_ms),
+            runs=job.runs,
+            flush=self.flush,
         )
+        self.idle.timed()
         return Measurement(name, timing.median_ms, timing.spread, err)
 
     poisoned = staticmethod(GemmRunner.poisoned)

@@ -9,12 +9,11 @@ NaN, runs it, checks the result and only then times it.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 
-from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
+from gemmtune.bench.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import check
 from gemmtune.config import CUBLAS, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
@@ -60,22 +59,6 @@ class CompareJob:
     kind: str = "compare"
 
 
-#: A GPU left idle (the tuner waiting for the next kernel to compile) comes back at clocks its
-#: power cap will not hold: after a pause, a candidate warms up at least this long before it
-#: is timed. With 25 ms, 4096x28672x4096 candidates timed as they compiled read 1.22-1.35 ms
-#: and the same kernels 1.39-1.53 ms when timed back to back or in the final, so the sweep and
-#: the swapped 256x208 tile never reached the final; with 150 ms every first-pass time came
-#: within 3 % of its final (H200).
-IDLE_WARMUP_MS = 150.0
-#: A pause longer than this counts as idle.
-IDLE_AFTER_S = 0.05
-
-
-def warmup_ms_after(idle_s: float, requested_ms: float) -> float:
-    """How long to warm a candidate up that follows `idle_s` seconds without GPU work."""
-    return max(requested_ms, IDLE_WARMUP_MS) if idle_s > IDLE_AFTER_S else requested_ms
-
-
 @dataclass(frozen=True)
 class Measurement:
     """A candidate's median time, or why it has none."""
@@ -116,7 +99,7 @@ class GemmRunner:
         self.reference = torch.matmul(self.a.float(), self.b.float())
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
-        self.idle_since = -math.inf  # when the last timing ended
+        self.idle = IdleWarmup()
 
     def _kernel(self, path: str, config: GemmConfig):
         from gemmtune.kernels.build import load_gemm
@@ -153,7 +136,7 @@ class GemmRunner:
         timings = time_in_windows(
             runs, window_ms=job.window_ms, rounds=job.rounds, flush=self.flush, graph=job.graph
         )
-        self.idle_since = time.perf_counter()
+        self.idle.timed()
         return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]
 
     def measure(self, job: RunJob) -> Measurement:
@@ -167,11 +150,14 @@ class GemmRunner:
             return Measurement(
                 config.key, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
             )
-        warmup_ms = warmup_ms_after(time.perf_counter() - self.idle_since, job.warmup_ms)
         timing = time_cuda(
-            run, warmup_ms=warmup_ms, runs=job.runs, flush=self.flush, graph=job.graph
+            run,
+            warmup_ms=self.idle.warmup_ms(job.warmup_ms),
+            runs=job.runs,
+            flush=self.flush,
+            graph=job.graph,
         )
-        self.idle_since = time.perf_counter()
+        self.idle.timed()
         return Measurement(config.key, timing.median_ms, timing.spread, err)
 
     @staticmethod
