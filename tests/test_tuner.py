@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from gemmtune.compile_pool import CompileOutcome
-from gemmtune.config import Decomposition
+from gemmtune.config import Decomposition, GemmConfig
 from gemmtune.device import Arch
 from gemmtune.problem import GemmProblem, Operand
-from gemmtune.tuner import tune
+from gemmtune.tuner import CUBLAS_MARGIN, TuneResult, tune
 
 sys.path.insert(0, str(Path(__file__).parent / "bench"))
 from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
@@ -143,3 +143,31 @@ def test_cublas_runs_beside_the_finalists_and_can_win(monkeypatch, cublas_ms, wi
     )
     assert result.cublas_ms == pytest.approx(cublas_ms) and result.backend == winner
     assert result.best is not None  # our best kernel is still reported
+
+
+@pytest.mark.parametrize(
+    "best_ms, cublas_ms, backend",
+    [
+        (0.98, 1.0, "gemmtune"),  # 2 % ahead
+        (0.995, 1.0, "cublas"),  # ahead, but by less than the margin
+        (1.02, 1.0, "cublas"),
+        (None, 1.0, "cublas"),  # nothing of ours ran correctly
+        (1.02, None, "gemmtune"),  # torch.matmul was not in the final
+    ],
+)
+def test_a_kernel_replaces_cublas_only_by_a_margin(best_ms, cublas_ms, backend):
+    result = TuneResult(
+        problem(4096, 4096, 4096),
+        GemmConfig(),
+        best_ms,
+        None,
+        [],
+        candidates=1,
+        compiled=1,
+        compile_s=0.0,
+        bench_s=0.0,
+        wall_s=0.0,
+        cublas_ms=cublas_ms,
+    )
+    assert 1 - 0.995 < CUBLAS_MARGIN < 1 - 0.98
+    assert result.backend == backend
