@@ -33,6 +33,7 @@ from common import (
     do_bench_rounds,
     kernel_row,
     load_shapes,
+    sustained_rounds,
     write_results,
 )
 
@@ -102,7 +103,12 @@ class Peer:
 
 
 def confirm_shape(
-    shape: dict, dtype: str, kernels: dict, rounds: int, peers: tuple[Peer, ...] = ()
+    shape: dict,
+    dtype: str,
+    kernels: dict,
+    rounds: int,
+    peers: tuple[Peer, ...] = (),
+    sustained_reps: int = 0,
 ) -> list[dict]:
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
@@ -136,11 +142,13 @@ def confirm_shape(
         if errors[-1] > TOLERANCE:
             raise RuntimeError(f"{shape['name']} {dtype}: relative error {errors[-1]:.3g}")
     times = do_bench_rounds(runs, rounds)
+    sustained = sustained_rounds(runs, sustained_reps) if sustained_reps else None
     cublas_ms = statistics.median(times[0])
     ours_times = times[1 : 1 + len(configs)]
     peer_times = times[1 + len(configs) :]
     rows = []
-    for config, ours, err in zip(configs, ours_times, errors[1 : 1 + len(configs)], strict=True):
+    ours_rows = zip(configs, ours_times, errors[1 : 1 + len(configs)], strict=True)
+    for i, (config, ours, err) in enumerate(ours_rows):
         ours_ms = statistics.median(ours)
         per_round = sorted(c / o for c, o in zip(times[0], ours, strict=True))
         row = {
@@ -163,8 +171,33 @@ def confirm_shape(
             row[f"{peer.name}_ms"] = round(peer_ms, 5)
             row[f"{peer.name}_ratio"] = round(cublas_ms / peer_ms, 4)  # the peer vs cuBLAS
             row[f"vs_{peer.name}"] = round(peer_ms / ours_ms, 4)  # above 1: we are faster
+        if sustained is not None:
+            peer_at = {p.name: 1 + len(configs) + j for j, p in enumerate(peers)}
+            row.update(sustained_fields(sustained, 1 + i, peer_at))
         rows.append(row)
     return rows
+
+
+def sustained_fields(sustained: list, ours_at: int, peer_at: dict[str, int]) -> dict:
+    """A row's fields from `common.sustained_rounds` (index 0: cuBLAS): medians over the
+    reps of ms per run and mean SM clock, and the ratios."""
+
+    def median(at: int, field: int) -> float:
+        return statistics.median(rep[field] for rep in sustained[at])
+
+    ours_ms, cublas_ms = median(ours_at, 0), median(0, 0)
+    fields = {
+        "sustained_ms": round(ours_ms, 5),
+        "sustained_mhz": round(median(ours_at, 1)),
+        "cublas_sustained_ms": round(cublas_ms, 5),
+        "cublas_sustained_mhz": round(median(0, 1)),
+        "sustained_ratio": round(cublas_ms / ours_ms, 4),
+    }
+    for name, at in peer_at.items():
+        fields[f"{name}_sustained_ms"] = round(median(at, 0), 5)
+        fields[f"{name}_sustained_mhz"] = round(median(at, 1))
+        fields[f"vs_{name}_sustained"] = round(median(at, 0) / ours_ms, 4)
+    return fields
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ This times `bench_confirm.CONFIRMED`'s configs, cuBLAS (`torch.mm`) and QuACK
 (`quack.gemm_interface.gemm(a, b, tuned=True, split_k=None)`, the baselines' call: its
 autotuner times all its SM90 configs and split-K on the first call) in alternating do_bench
 rounds (`common.do_bench_rounds`) on the same `torch.randn` tensors, each verified against a
-float32 reference first.
+float32 reference first; then, with `--sustained-reps`, in loops of a second of back-to-back
+runs (`common.sustained_rounds`), which measure what steady use gets: there a kernel's power
+per cycle sets its clocks, and do_bench's short windows do not show it.
 
 QuACK is not a dependency of gemmtune: install it beside it for this script,
 `pip install --no-deps quack-kernels==0.6.5 einops` (0.6.5 runs on nvidia-cutlass-dsl 4.8.1).
@@ -52,6 +54,12 @@ def quack_peer() -> Peer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--sustained-reps",
+        type=int,
+        default=4,
+        help="also time each contender in this many 1 s loops (steady use; 0: skip)",
+    )
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--shapes", default=",".join(BAR_SHAPES))
     parser.add_argument("--workers", type=int, default=8)
@@ -63,13 +71,21 @@ def main() -> None:
     rows = []
     for shape in [s for s in load_shapes() if s["name"] in names]:
         for dtype in dtypes:
-            shape_rows = confirm_shape(shape, dtype, kernels, args.rounds, peers)
+            shape_rows = confirm_shape(
+                shape, dtype, kernels, args.rounds, peers, args.sustained_reps
+            )
             rows += shape_rows
             best = max(shape_rows, key=lambda r: r["ratio"])
             print(
                 f"{shape['name']:>14} {dtype} quack {best['quack_ratio']:.3f} of cuBLAS "
                 f"({best['quack_config']}); ours best {best['ratio']:.3f} "
-                f"({best['config'][5:]}), {best['vs_quack']:.3f} of QuACK",
+                f"({best['config'][5:]}), {best['vs_quack']:.3f} of QuACK"
+                + (
+                    f"; sustained: ours {best['sustained_ratio']:.3f} of cuBLAS, "
+                    f"{best['vs_quack_sustained']:.3f} of QuACK"
+                    if args.sustained_reps
+                    else ""
+                ),
                 flush=True,
             )
     method = (
@@ -82,6 +98,15 @@ def main() -> None:
         f"same tensors for every contender, each verified against a float32 reference (rel. "
         f"Frobenius error < {TOLERANCE}) first"
     )
+    if args.sustained_reps:
+        method += (
+            f"; sustained_*: common.sustained_rounds, each contender in {args.sustained_reps} "
+            f"loops of 1 s of back-to-back runs (L2 cleared before each run, the clear's time "
+            f"taken off), in turn, every other rep reversed; *_sustained_ms: median ms per run "
+            f"over the loops, *_mhz: the mean SM clock NVML read during them; sustained_ratio = "
+            f"cublas_sustained_ms / sustained_ms, vs_quack_sustained = quack_sustained_ms / "
+            f"sustained_ms"
+        )
     print(f"wrote {write_results('peers', method, rows, args.out_dir)}")
 
 

@@ -7,8 +7,10 @@ import datetime
 import gzip
 import importlib.metadata as metadata
 import json
+import math
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -140,6 +142,59 @@ def do_bench_rounds(fns: list, rounds: int) -> list[list[float]]:
         for fn, t in order if r % 2 == 0 else reversed(order):
             t.append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
     return times
+
+
+def sustained_rounds(fns: list, reps: int, seconds: float = 1.0) -> list[list[tuple[float, float]]]:
+    """Each function's (ms per run, mean SM clock in MHz) over `reps` loops of `seconds` of
+    back-to-back runs, L2 cleared before each run (a loop's time over its runs, less the time
+    of a clear alone), the functions in turn, every other rep reversed.
+
+    An H200 at its power cap sets its clocks from the power drawn over the last milliseconds,
+    so a kernel's throughput in steady use (a serving loop) depends on its power per cycle as
+    well as its cycles: do_bench's 100 ms windows start from the clocks the window before left
+    (gateup: two kernels of equal cycles read from 2.7 % apart either way in do_bench rounds,
+    0.5 % apart, always the same way, in these loops)."""
+    import time
+
+    import pynvml
+
+    from gemmtune.bench.timing import L2Flusher
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    flush = L2Flusher()
+
+    def loop(fn: Callable[[], object], runs: int) -> tuple[float, float]:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(runs):
+            flush()
+            fn()
+        end.record()
+        clocks = []
+        while not end.query():
+            clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+            time.sleep(0.005)
+        torch.cuda.synchronize()
+        return begin.elapsed_time(end) / runs, statistics.fmean(clocks) if clocks else math.nan
+
+    def runs_for(fn: Callable[[], object]) -> int:
+        """Warm up 0.2 s; the number of runs that fill `seconds`."""
+        ms, _ = loop(fn, 10)
+        warm = max(1, int(200 / ms))
+        ms, _ = loop(fn, warm)
+        return max(10, int(seconds * 1e3 / ms))
+
+    flush_ms = loop(lambda: None, 1000)[0]
+    counts = [runs_for(fn) for fn in fns]
+    results: list[list[tuple[float, float]]] = [[] for _ in fns]
+    for rep in range(reps):
+        order = list(zip(fns, counts, results, strict=True))
+        for fn, runs, out in order if rep % 2 == 0 else reversed(order):
+            loop(fn, max(1, runs // 10))  # 10 % of the loop again as warm-up
+            ms, mhz = loop(fn, runs)
+            out.append((ms - flush_ms, mhz))
+    return results
 
 
 def do_bench_medians(fns: list, rounds: int) -> list[float]:
