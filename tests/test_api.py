@@ -9,6 +9,7 @@ from gemmtune.cache.results import ResultsCache
 from gemmtune.config import GemmConfig
 from gemmtune.device import Arch
 from gemmtune.problem import GemmProblem, Operand
+from gemmtune.space.ranking import FIRST_RASTER, FIRST_SWIZZLE
 from gemmtune.tuner import CandidateResult, TuneResult
 
 H200 = Environment("NVIDIA H200", 132, "0.1.0", "4.8.1")
@@ -60,7 +61,8 @@ def test_tune_mode_tunes_once_per_bucket_then_hits(dispatcher):
 def test_cache_only_never_tunes(dispatcher):
     first_choice = dispatcher.config_for(problem(4000, 4000, 4000), "cache-only")
     assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []
-    assert first_choice.compile_key  # the ranking model's first choice
+    assert first_choice.compile_key  # the ranking model's first choice, run in bands
+    assert (first_choice.raster, first_choice.swizzle) == (FIRST_RASTER, FIRST_SWIZZLE)
     dispatcher.config_for(problem(4000, 4000, 4000), "tune")
     assert dispatcher.config_for(problem(4000, 4000, 4000), "cache-only") == TUNED
 

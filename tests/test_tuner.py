@@ -15,7 +15,7 @@ from gemmtune.tuner import CUBLAS_MARGIN, TuneResult, tune
 sys.path.insert(0, str(Path(__file__).parent / "bench"))
 from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
 
-from gemmtune.space.ranking import RankingModel
+from gemmtune.space.ranking import FIRST_RASTER, FIRST_SWIZZLE, RankingModel
 
 RUNNER = "fake_runner:FakeRunner"
 RELIABLE = "fake_runner:ReliableRunner"
@@ -63,6 +63,8 @@ def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
     result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
     first = result.results[:8]
     assert len(first) == 8 and len(set(compiled)) == len(compiled) <= 8
+    # the first pass runs each pick in bands, not in plain column order
+    assert {(r.config.raster, r.config.swizzle) for r in first} == {(FIRST_RASTER, FIRST_SWIZZLE)}
     assert all(r.predicted_us is not None for r in first)
     # two best binaries swept over 2 rasters x 4 swizzles (minus the default already timed)
     assert len(result.results) == 8 + 2 * 7

@@ -13,8 +13,8 @@ one tuned, the choice among them is re-made for that shape: each measured time s
 ranking model's predicted ratio between the two shapes (wave quantization and tile fit change
 within a bucket; the measurement keeps what the model gets wrong about the config itself); a
 runner-up replaces the winner only when it is clearly faster (`SWITCH_MARGIN`).
-Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket it wins is served
-by torch.matmul.
+Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket where our best
+kernel does not beat it by `tuner.CUBLAS_MARGIN` is served by torch.matmul.
 
 Modes (`mode=` or `GEMMTUNE_MODE`): "tune" (default: tune on a miss, then cache),
 "cache-only" (never tune: on a miss the ranking model's first choice, for production),
@@ -185,11 +185,11 @@ class Dispatcher:
     @staticmethod
     def _first_choice(problem: GemmProblem) -> GemmConfig:
         from gemmtune.space import candidates
-        from gemmtune.space.ranking import RankingModel
+        from gemmtune.space.ranking import RankingModel, in_first_order
         from gemmtune.tuner import device_model_for
 
         model = RankingModel(device_model_for(problem))
-        return model.top_k(problem, candidates(problem), 1)[0]
+        return in_first_order(model.top_k(problem, candidates(problem), 1)[0])
 
     def _kernels(self, problem: GemmProblem):
         from gemmtune.cache.kernels import KernelCache

@@ -38,7 +38,7 @@ from gemmtune.config import CUBLAS, SWIZZLES, GemmConfig, Raster
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.problem import GemmProblem
 from gemmtune.space import candidates
-from gemmtune.space.ranking import DeviceModel, RankingModel
+from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,9 @@ def tune(
 ) -> TuneResult:
     """Find the fastest correct config for a problem (or for `a @ b`).
 
-    The ranking model's `top_k` configs are compiled and timed (`exhaustive`: every valid
-    binary, at every split count; `configs`: exactly these), then the `sweep` best binaries
+    The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
+    `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
+    given), then the `sweep` best binaries
     are timed at every raster order and swizzle (each candidate: `warmup_ms`, longer after the
     GPU sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short
     so that the GPU's clocks move little from one to the next), and
@@ -173,7 +174,8 @@ def tune(
     if configs is not None:
         chosen = list(configs)
     else:
-        chosen = defaults if exhaustive else model.top_k(problem, defaults, top_k)
+        picked = defaults if exhaustive else model.top_k(problem, defaults, top_k)
+        chosen = [in_first_order(c) for c in picked]
     predicted = {c.key: model.predict_us(problem, c) for c in chosen}
     signature = KernelSignature.of(problem)
     by_binary: dict[str, list[GemmConfig]] = {}
