@@ -146,6 +146,7 @@ def confirm_shape(
     cublas_ms = statistics.median(times[0])
     ours_times = times[1 : 1 + len(configs)]
     peer_times = times[1 + len(configs) :]
+    peer_at = {peer.name: 1 + len(configs) + j for j, peer in enumerate(peers)}
     rows = []
     ours_rows = zip(configs, ours_times, errors[1 : 1 + len(configs)], strict=True)
     for i, (config, ours, err) in enumerate(ours_rows):
@@ -172,7 +173,6 @@ def confirm_shape(
             row[f"{peer.name}_ratio"] = round(cublas_ms / peer_ms, 4)  # the peer vs cuBLAS
             row[f"vs_{peer.name}"] = round(peer_ms / ours_ms, 4)  # above 1: we are faster
         if sustained is not None:
-            peer_at = {p.name: 1 + len(configs) + j for j, p in enumerate(peers)}
             row.update(sustained_fields(sustained, 1 + i, peer_at))
         rows.append(row)
     return rows

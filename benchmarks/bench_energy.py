@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     RESULTS,
     TOLERANCE,
+    Nvml,
     compile_and_load,
     kernel_row,
     load_shapes,
     tflops,
+    timed_loop,
     write_results,
 )
 
@@ -54,21 +56,7 @@ CONTENDERS = {
 }
 
 
-class EnergyMeter:
-    """NVML's total-energy counter (millijoules) of one GPU."""
-
-    def __init__(self, index: int = 0):
-        import pynvml
-
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-    def millijoules(self) -> int:
-        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
-
-
-def run_loop(fn, flush: L2Flusher, meter: EnergyMeter, seconds: float) -> tuple[float, float]:
+def run_loop(fn, flush: L2Flusher, meter: Nvml, seconds: float) -> tuple[float, float]:
     """(ms, mJ) per (flush, fn) run over a loop of about `seconds`."""
     for _ in range(100):
         flush()
@@ -80,20 +68,12 @@ def run_loop(fn, flush: L2Flusher, meter: EnergyMeter, seconds: float) -> tuple[
         fn()
     torch.cuda.synchronize()
     runs = max(100, int(seconds * 50 / (time.perf_counter() - start)))
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    energy = meter.millijoules()
-    begin.record()
-    for _ in range(runs):
-        flush()
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    energy = meter.millijoules() - energy
-    return begin.elapsed_time(end) / runs, energy / runs
+    ms, mj, _ = timed_loop(fn, flush, runs, meter)
+    return ms, mj
 
 
 def bench_shape(
-    shape: dict, kernels: dict, flush: L2Flusher, meter: EnergyMeter, seconds: float, reps: int
+    shape: dict, kernels: dict, flush: L2Flusher, meter: Nvml, seconds: float, reps: int
 ) -> list[dict]:
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
@@ -151,7 +131,7 @@ def main() -> None:
     kernels, failed = compile_and_load(jobs, workers=8)
     if failed:
         raise RuntimeError(f"compile failed: {failed[0].job.name}: {failed[0].error}")
-    flush, meter = L2Flusher(), EnergyMeter()
+    flush, meter = L2Flusher(), Nvml()
     rows = []
     for shape in load_shapes():
         if shape["name"] in CONTENDERS:

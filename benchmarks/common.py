@@ -10,12 +10,14 @@ import json
 import math
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import gemmtune
+from gemmtune.bench.timing import L2Flusher
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -144,6 +146,46 @@ def do_bench_rounds(fns: list, rounds: int) -> list[list[float]]:
     return times
 
 
+class Nvml:
+    """NVML's readings of one GPU: its total-energy counter and its SM clock."""
+
+    def __init__(self, index: int = 0):
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def millijoules(self) -> int:
+        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+
+    def sm_mhz(self) -> int:
+        return self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM)
+
+
+def timed_loop(
+    fn: Callable[[], object], flush: Callable[[], None], runs: int, nvml: Nvml
+) -> tuple[float, float, float]:
+    """(ms, mJ, mean SM clock in MHz) per run of `runs` back-to-back (flush, fn) runs: CUDA
+    events around the loop, NVML's energy counter read before and after, its clock sampled
+    while the loop runs."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    energy = nvml.millijoules()
+    begin.record()
+    for _ in range(runs):
+        flush()
+        fn()
+    end.record()
+    clocks = []
+    while not end.query():
+        clocks.append(nvml.sm_mhz())
+        time.sleep(0.005)
+    torch.cuda.synchronize()
+    energy = nvml.millijoules() - energy
+    mhz = statistics.fmean(clocks) if clocks else math.nan
+    return begin.elapsed_time(end) / runs, energy / runs, mhz
+
+
 def sustained_rounds(fns: list, reps: int, seconds: float = 1.0) -> list[list[tuple[float, float]]]:
     """Each function's (ms per run, mean SM clock in MHz) over `reps` loops of `seconds` of
     back-to-back runs, L2 cleared before each run (a loop's time over its runs, less the time
@@ -154,45 +196,22 @@ def sustained_rounds(fns: list, reps: int, seconds: float = 1.0) -> list[list[tu
     well as its cycles: do_bench's 100 ms windows start from the clocks the window before left
     (gateup: two kernels of equal cycles read from 2.7 % apart either way in do_bench rounds,
     0.5 % apart, always the same way, in these loops)."""
-    import time
-
-    import pynvml
-
-    from gemmtune.bench.timing import L2Flusher
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    flush = L2Flusher()
-
-    def loop(fn: Callable[[], object], runs: int) -> tuple[float, float]:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(runs):
-            flush()
-            fn()
-        end.record()
-        clocks = []
-        while not end.query():
-            clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-            time.sleep(0.005)
-        torch.cuda.synchronize()
-        return begin.elapsed_time(end) / runs, statistics.fmean(clocks) if clocks else math.nan
+    nvml, flush = Nvml(torch.cuda.current_device()), L2Flusher()
 
     def runs_for(fn: Callable[[], object]) -> int:
         """Warm up 0.2 s; the number of runs that fill `seconds`."""
-        ms, _ = loop(fn, 10)
-        warm = max(1, int(200 / ms))
-        ms, _ = loop(fn, warm)
+        ms = timed_loop(fn, flush, 10, nvml)[0]
+        ms = timed_loop(fn, flush, max(1, int(200 / ms)), nvml)[0]
         return max(10, int(seconds * 1e3 / ms))
 
-    flush_ms = loop(lambda: None, 1000)[0]
+    flush_ms = timed_loop(lambda: None, flush, 1000, nvml)[0]
     counts = [runs_for(fn) for fn in fns]
     results: list[list[tuple[float, float]]] = [[] for _ in fns]
     for rep in range(reps):
         order = list(zip(fns, counts, results, strict=True))
         for fn, runs, out in order if rep % 2 == 0 else reversed(order):
-            loop(fn, max(1, runs // 10))  # 10 % of the loop again as warm-up
-            ms, mhz = loop(fn, runs)
+            timed_loop(fn, flush, max(1, runs // 10), nvml)  # 10 % of the loop again as warm-up
+            ms, _, mhz = timed_loop(fn, flush, runs, nvml)
             out.append((ms - flush_ms, mhz))
     return results
 

@@ -154,13 +154,12 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then the `sweep` best binaries
-    are timed at every raster order and swizzle (each candidate: `warmup_ms`, longer after the
-    GPU sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short
-    so that the GPU's clocks move little from one to the next), and
-    the `finalists` best each alone in windows of `final_window_ms` taken in turn
-    `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
-    model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend`
+    given), then the `sweep` best binaries are timed at every raster order and swizzle (each
+    candidate: `warmup_ms`, longer after the GPU sat idle (`bench.timing.IDLE_WARMUP_MS`),
+    then the median of `runs` runs, kept short so that the GPU's clocks move little from one
+    to the next), and the `finalists` best each alone in windows of `final_window_ms` taken
+    in turn `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures
+    its model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend`
     says who won). Kernels are written to `kernel_dir` (a temporary folder by default).
     `compiler`, `runner` and `model` are for tests and experiments.
     """
