@@ -76,21 +76,24 @@ CONFIRMED = {
 }
 
 
-def compile_confirmed(dtypes: list[str], shapes: list[str], workers: int) -> dict:
+def compile_configs(configs: list[GemmConfig], dtypes: list[str], workers: int) -> dict:
+    """The kernels of `configs` for each dtype, keyed by (compile key, dtype)."""
     # one binary per compile key: the runtime fields (raster, swizzle) are launch arguments
-    configs = {
-        config.compile_key: config
-        for config in (GemmConfig.from_key(key) for s in shapes for key in CONFIRMED[s])
-    }.values()
+    binaries = {config.compile_key: config for config in configs}.values()
     jobs = [
         CompileJob(config, KernelSignature(ab_dtype=d, out_dtype=d))
-        for config in sorted(configs, key=lambda c: c.key)
+        for config in sorted(binaries, key=lambda c: c.key)
         for d in dtypes
     ]
     kernels, failed = compile_and_load(jobs, workers)
     if failed:
         raise RuntimeError(f"compile failed: {failed[0].job.name}: {failed[0].error}")
     return kernels
+
+
+def compile_confirmed(dtypes: list[str], shapes: list[str], workers: int) -> dict:
+    configs = [GemmConfig.from_key(key) for s in shapes for key in CONFIRMED[s]]
+    return compile_configs(configs, dtypes, workers)
 
 
 @dataclass(frozen=True)
@@ -102,21 +105,18 @@ class Peer:
     make: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[Callable[[], None], str]]
 
 
-def confirm_shape(
-    shape: dict,
-    dtype: str,
-    kernels: dict,
-    rounds: int,
-    peers: tuple[Peer, ...] = (),
-    sustained_reps: int = 0,
-) -> list[dict]:
+def verified_contenders(
+    shape: dict, dtype: str, kernels: dict, configs: list[GemmConfig], peers: tuple[Peer, ...]
+) -> tuple[list[Callable[[], object]], list[float], list[str]]:
+    """cuBLAS, `configs` and `peers` on one shape's `torch.randn` tensors (the same for all),
+    each run once into a NaN-poisoned output and checked against a float32 reference: their
+    run functions in that order, their relative errors, and what each peer chose."""
     m, n, k = shape["m"], shape["n"], shape["k"]
     torch.manual_seed(0)
     a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
     b = torch.randn(k, n, device="cuda", dtype=DTYPES[dtype])
     out = torch.empty(m, n, device="cuda", dtype=DTYPES[dtype])
     ref = torch.matmul(a.float(), b.float())
-    configs = [GemmConfig.from_key(key) for key in CONFIRMED[shape["name"]]]
 
     def launcher(config: GemmConfig):
         kernel = kernels[(config.compile_key, dtype)]
@@ -141,6 +141,20 @@ def confirm_shape(
         errors.append(relative_error(written, ref))
         if errors[-1] > TOLERANCE:
             raise RuntimeError(f"{shape['name']} {dtype}: relative error {errors[-1]:.3g}")
+    return runs, errors, peer_choices
+
+
+def confirm_shape(
+    shape: dict,
+    dtype: str,
+    kernels: dict,
+    rounds: int,
+    peers: tuple[Peer, ...] = (),
+    sustained_reps: int = 0,
+) -> list[dict]:
+    m, n, k = shape["m"], shape["n"], shape["k"]
+    configs = [GemmConfig.from_key(key) for key in CONFIRMED[shape["name"]]]
+    runs, errors, peer_choices = verified_contenders(shape, dtype, kernels, configs, peers)
     times = do_bench_rounds(runs, rounds)
     sustained = sustained_rounds(runs, sustained_reps) if sustained_reps else None
     cublas_ms = statistics.median(times[0])

@@ -23,12 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_confirm import Peer, sustained_fields
+from bench_confirm import Peer, compile_configs, sustained_fields, verified_contenders
 from common import (
-    DTYPES,
     RESULTS,
     TOLERANCE,
-    compile_and_load,
     kernel_row,
     load_shapes,
     sustained_rounds,
@@ -36,11 +34,7 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.launch import launch_args
-from gemmtune.kernels.signature import KernelSignature
 
 
 def quack_fixed_peer(spec: str) -> Peer:
@@ -68,41 +62,15 @@ def quack_fixed_peer(spec: str) -> Peer:
 
 
 def measure(
-    shape: dict, dtype: str, keys: list[str], peers: tuple[Peer, ...], reps: int, workers: int
+    shape: dict,
+    dtype: str,
+    kernels: dict,
+    configs: list[GemmConfig],
+    peers: tuple[Peer, ...],
+    reps: int,
 ) -> list[dict]:
     m, n, k = shape["m"], shape["n"], shape["k"]
-    configs = [GemmConfig.from_key(key) for key in keys]
-    signature = KernelSignature(ab_dtype=dtype, out_dtype=dtype)
-    # one binary per compile key: raster and swizzle are launch arguments
-    binaries = {c.compile_key: c for c in configs}.values()
-    kernels, failed = compile_and_load([CompileJob(c, signature) for c in binaries], workers)
-    if failed:
-        raise RuntimeError(f"compile failed: {failed[0].job.name}: {failed[0].error}")
-    torch.manual_seed(0)
-    a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
-    b = torch.randn(k, n, device="cuda", dtype=DTYPES[dtype])
-    out = torch.empty(m, n, device="cuda", dtype=DTYPES[dtype])
-    ref = torch.matmul(a.float(), b.float())
-
-    def launcher(config: GemmConfig):
-        kernel = kernels[(config.compile_key, dtype)]
-        args = launch_args(config, a.device, m, n, k, 1)
-        return lambda: kernel(a, b, out, *args)
-
-    runs = [lambda: torch.mm(a, b, out=out)] + [launcher(c) for c in configs]
-    outs = [out] * len(runs)
-    choices = {}
-    for peer in peers:
-        outs.append(torch.empty_like(out))
-        run, choices[peer.name] = peer.make(a, b, outs[-1])
-        runs.append(run)
-    errors = []
-    for run, written in zip(runs, outs, strict=True):
-        written.fill_(float("nan"))
-        run()
-        errors.append(relative_error(written, ref))
-        if not errors[-1] <= TOLERANCE:
-            raise RuntimeError(f"{shape['name']} {dtype}: relative error {errors[-1]:.3g}")
+    runs, errors, peer_choices = verified_contenders(shape, dtype, kernels, configs, peers)
     sustained = sustained_rounds(runs, reps)
     peer_at = {peer.name: 1 + len(configs) + j for j, peer in enumerate(peers)}
     rows = []
@@ -116,8 +84,8 @@ def measure(
             "sustained_mcycles": round(fields["sustained_ms"] * fields["sustained_mhz"] / 1e3, 4),
             "reps": [round(ms, 5) for ms, _ in sustained[1 + i]],
         }
-        for name, choice in choices.items():
-            row[f"{name}_config"] = choice
+        for peer, choice in zip(peers, peer_choices, strict=True):
+            row[f"{peer.name}_config"] = choice
         rows.append(row)
     return rows
 
@@ -142,9 +110,12 @@ def main() -> None:
         peers = (quack_peer(),)
     elif args.quack != "none":
         peers = (quack_fixed_peer(args.quack),)
+    dtypes = args.dtypes.split(",")
+    configs = [GemmConfig.from_key(key) for key in args.configs.split(",")]
+    kernels = compile_configs(configs, dtypes, args.workers)
     rows = []
-    for dtype in args.dtypes.split(","):
-        dtype_rows = measure(shape, dtype, args.configs.split(","), peers, args.reps, args.workers)
+    for dtype in dtypes:
+        dtype_rows = measure(shape, dtype, kernels, configs, peers, args.reps)
         for row in sorted(dtype_rows, key=lambda r: r["sustained_ms"]):
             versus = "".join(f", {row[f'vs_{p.name}_sustained']:.4f} of {p.name}" for p in peers)
             print(
