@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests kernel confirm peers launch decomp energy timings tuning cache suite
+# Steps: doctor tests kernel confirm peers launch b2b decomp energy timings tuning cache suite
 # (default: doctor tests kernel launch decomp). Results and logs go to $OUT. peers needs QuACK
 # importable (bench_peers.py says how).
 set -uo pipefail
@@ -18,6 +18,7 @@ for step in $steps; do
     confirm) timeout 560 python3 benchmarks/bench_confirm.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-confirm.txt" | grep -v "^nvdisasm" ;;
     peers) timeout 560 python3 benchmarks/bench_peers.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-peers.txt" | grep -v "^nvdisasm\|^Autotuning kernel\|autotuning for\| -> " ;;
     launch) timeout 120 python3 benchmarks/bench_launch.py --out-dir "$OUT" 2>&1 | tail -5 ;;
+    b2b) timeout 300 python3 benchmarks/bench_back_to_back.py --out-dir "$OUT" 2>&1 | grep -v "^nvdisasm" ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
     cache) timeout 560 python3 benchmarks/bench_cache.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-cache.txt" | grep -v "^nvdisasm" ;;

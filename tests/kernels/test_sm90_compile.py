@@ -1,6 +1,7 @@
 """Compile-only lane for the Hopper kernel (no GPU needed): every config the kernel implements
-compiles for sm_90a, its PTX holds `wgmma`, its SASS holds HGMMA and no local-memory traffic
-(no spills); every dtype, layout and rank compiles too."""
+compiles for sm_90a, its PTX holds `wgmma` and `griddepcontrol.wait` (dependent launch), its
+SASS holds HGMMA and no local-memory traffic (no spills); every dtype, layout and rank
+compiles too."""
 
 import importlib.metadata as metadata
 import itertools

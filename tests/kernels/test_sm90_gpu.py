@@ -166,3 +166,34 @@ def test_raster_and_swizzle_change_nothing_but_order(schedule):
     assert rel_err(results[0], a, b) < TOLERANCE["bf16"]
     for r in results[1:]:
         assert torch.equal(r, results[0])
+
+
+def test_back_to_back_launches_see_the_previous_kernels_writes():
+    """Kernels are launched with programmatic dependent launch: each must still read only what
+    the kernel before it wrote. Buffers are rewritten between launches (a torch copy before
+    the first GEMM, a GEMM's output feeding the next), with inputs alternating so that a read
+    of the previous round's data shows."""
+    from gemmtune.kernels.launch import launch
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    sources = [torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, generator=gen)]
+    sources.append(-sources[0].flip(0))
+    b = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16, generator=gen)
+    e = torch.randn(2048, 1536, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a = torch.empty_like(sources[0])
+    c = torch.empty(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    d = torch.empty(2048, 1536, device="cuda", dtype=torch.bfloat16)
+    first = GemmConfig.from_key("sm90_128x256_c2x1_coop_tma_dp_rm_s8")
+    second = GemmConfig.from_key("sm90_128x128_c1x1_coop_tma_streamk_rm_s1")
+    first_kernel = kernel_for(first, GemmProblem.from_tensors(a, b, c))
+    second_kernel = kernel_for(second, GemmProblem.from_tensors(c, e, d))
+    results = []
+    for i in range(8):
+        a.copy_(sources[i % 2])
+        launch(first_kernel, a, b, c, first)
+        launch(second_kernel, c, e, d, second)
+        results.append(d.clone())
+    torch.cuda.synchronize()
+    for i, result in enumerate(results):
+        c_ref = (sources[i % 2].float() @ b.float()).to(torch.bfloat16)
+        assert rel_err(result, c_ref, e) < TOLERANCE["bf16"], f"round {i}"

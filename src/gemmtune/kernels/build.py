@@ -176,12 +176,17 @@ def fake_arguments(signature: KernelSignature) -> tuple:
 
 
 def compile_gemm(
-    config: GemmConfig, signature: KernelSignature, *, keep: tuple[str, ...] = ()
+    config: GemmConfig,
+    signature: KernelSignature,
+    *,
+    keep: tuple[str, ...] = (),
+    dependent_launch: bool = True,
 ) -> CompiledGemm:
     """Compile the kernel `config` names for `signature`, for the DSL's current target.
 
     `keep` may name "ptx" and "sass" to keep those on the result (SASS needs nvdisasm, from
-    the `nvidia-cuda-nvdisasm` wheel or a CUDA toolkit).
+    the `nvidia-cuda-nvdisasm` wheel or a CUDA toolkit). `dependent_launch=False` builds a
+    kernel launched the plain way (no programmatic dependent launch), for comparison.
     """
     import cutlass
     import cutlass.cute as cute
@@ -193,7 +198,7 @@ def compile_gemm(
 
     start = time.perf_counter()
     built_for = signature.swapped() if config.swap_ab else signature
-    gemm = HopperGemm(config, built_for)
+    gemm = HopperGemm(config, built_for, dependent_launch=dependent_launch)
     fakes = fake_arguments(built_for)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
@@ -217,12 +222,18 @@ class BinaryReport:
     signature_key: str
     compile_s: float
     wgmma_in_ptx: bool
+    waits_for_prior_grid: bool  # griddepcontrol.wait: it is launched as a dependent launch
     hgmma_in_sass: int
     local_memory_ops: int  # STL/LDL in SASS: register spills or local arrays
 
     @property
     def ok(self) -> bool:
-        return self.wgmma_in_ptx and self.hgmma_in_sass > 0 and self.local_memory_ops == 0
+        return (
+            self.wgmma_in_ptx
+            and self.waits_for_prior_grid
+            and self.hgmma_in_sass > 0
+            and self.local_memory_ops == 0
+        )
 
 
 def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport:
@@ -234,6 +245,7 @@ def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport
         signature_key=signature.key,
         compile_s=kernel.compile_s,
         wgmma_in_ptx="wgmma.mma_async" in (kernel.ptx or ""),
+        waits_for_prior_grid="griddepcontrol.wait" in (kernel.ptx or ""),
         hgmma_in_sass=len(re.findall(r"\bHGMMA\b", sass)),
         local_memory_ops=len(re.findall(r"\b(?:STL|LDL)\b", sass)),
     )
