@@ -127,9 +127,12 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     # buffers in place of an A/B stage measured 5 % slower)
     if epi_stages > 2 and ab_stages(2, epi_stage_bytes) > ab_stages(epi_stages, epi_stage_bytes):
         epi_stages = 2
-    return SmemPlan(
-        ab_stages(epi_stages, epi_stage_bytes), epi_stages, ab_stage_bytes, epi_stage_bytes
-    )
+    stages = ab_stages(epi_stages, epi_stage_bytes)
+    # what the A/B stages leave goes to more buffers, up to two tiles' worth: the epilogue
+    # stores its sub-tiles in groups of half the buffers, one barrier per group
+    spare = SMEM_CAPACITY - SMEM_RESERVED - stages * ab_stage_bytes
+    epi_stages = max(epi_stages, min(2 * subtiles, spare // epi_stage_bytes))
+    return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes)
 
 
 def implements(config: GemmConfig) -> str | None:
