@@ -3,6 +3,8 @@ reads it may still be in flight, across tiles whose ring positions carry over.""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from gemmtune.kernels.sm90.epilogue import subtile_groups
@@ -43,7 +45,7 @@ def test_groups_cover_the_tile_and_fit_the_ring_two_at_a_time(stages: int) -> No
         sizes = [size for size, _ in subtile_groups(subtiles, stages)]
         assert sum(sizes) == subtiles and min(sizes) >= 1
         assert max(sizes) - min(sizes) <= 1
-        assert all(a + b <= stages for a, b in zip(sizes, sizes[1:], strict=False))
+        assert all(a + b <= stages for a, b in itertools.pairwise(sizes))
         assert len(sizes) == -(-subtiles // max(1, stages // 2))
 
 
