@@ -143,9 +143,7 @@ def subtile_groups(subtiles: int, stages: int) -> list[tuple[int, int]]:
     count = -(-subtiles // largest)
     base, extra = divmod(subtiles, count)
     sizes = [base + 1 if i < extra else base for i in range(count)]
-    return [
-        (size, stages - size - (sizes[i - 1] if i else 0)) for i, size in enumerate(sizes)
-    ]
+    return [(size, stages - size - (sizes[i - 1] if i else 0)) for i, size in enumerate(sizes)]
 
 
 @cute.jit
