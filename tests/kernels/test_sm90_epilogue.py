@@ -10,13 +10,13 @@ import pytest
 from gemmtune.kernels.sm90.epilogue import subtile_groups
 
 
-def replay(subtiles: int, stages: int, tiles: int) -> int:
+def replay(subtiles: int, stages: int, tiles: int, largest: int | None = None) -> int:
     """Run `tiles` tiles through the ring the way `TmaStoreEpilogue.store_tile` does and
     return how many barriers it took; fail if a buffer is claimed too early.
 
     A store is modelled as possibly still reading its buffer until a wait lets at most
     `in_flight` of the committed stores remain."""
-    groups = subtile_groups(subtiles, stages)
+    groups = subtile_groups(subtiles, stages, stages // 2 if largest is None else largest)
     committed: list[int] = []  # buffer of every committed store, oldest first
     done = 0  # committed[:done] have finished reading
     barriers = 0
@@ -42,7 +42,7 @@ def replay(subtiles: int, stages: int, tiles: int) -> int:
 @pytest.mark.parametrize("stages", range(2, 17))
 def test_groups_cover_the_tile_and_fit_the_ring_two_at_a_time(stages: int) -> None:
     for subtiles in range(1, 65):
-        sizes = [size for size, _ in subtile_groups(subtiles, stages)]
+        sizes = [size for size, _ in subtile_groups(subtiles, stages, stages // 2)]
         assert sum(sizes) == subtiles and min(sizes) >= 1
         assert max(sizes) - min(sizes) <= 1
         assert all(a + b <= stages for a, b in itertools.pairwise(sizes))
@@ -57,7 +57,14 @@ def test_no_buffer_is_rewritten_while_its_store_may_read_it(stages: int) -> None
 
 def test_a_256x208_tile_takes_six_barriers_not_twenty_seven() -> None:
     # 26 sub-tiles of 128x16 in thirteen buffers (what rules.smem_plan leaves it)
-    assert [size for size, _ in subtile_groups(26, 13)] == [6, 5, 5, 5, 5]
+    assert [size for size, _ in subtile_groups(26, 13, 6)] == [6, 5, 5, 5, 5]
     assert replay(26, 13, tiles=1) == 6
-    # one buffer per group was the old way: a barrier per sub-tile
-    assert replay(26, 2, tiles=1) == 27
+    # a sub-tile per group (what stream-K's widest tiles keep): a barrier per sub-tile
+    assert replay(26, 4, tiles=1, largest=1) == 27
+
+
+@pytest.mark.parametrize("largest", [1, 2, 3])
+def test_a_smaller_group_limit_is_kept(largest: int) -> None:
+    for subtiles in range(1, 30):
+        assert max(size for size, _ in subtile_groups(subtiles, 13, largest)) <= largest
+        replay(subtiles, 13, tiles=3, largest=largest)

@@ -72,9 +72,12 @@ def test_epilogue_gives_up_buffers_only_for_an_ab_stage():
     # 256x128: two buffers would not buy a fifth stage, so it keeps four
     plan = rules.smem_plan(GemmConfig(tile_m=256, tile_n=128), sig)
     assert (plan.ab_stages, plan.epi_stages) == (4, 4)
-    # 256x208: three A/B stages of 58 KB leave 52 KB, thirteen 4 KB buffers
+    # 256x208: three A/B stages of 58 KB leave 52 KB, thirteen 4 KB buffers, stored six at most
+    # per barrier; its stream-K build spills with more than four, one at a time
     plan = rules.smem_plan(GemmConfig(tile_m=256, tile_n=208), sig)
-    assert (plan.ab_stages, plan.epi_stages) == (3, 13)
+    assert (plan.ab_stages, plan.epi_stages, plan.epi_group) == (3, 13, 6)
+    plan = rules.smem_plan(GemmConfig(tile_m=256, tile_n=208, decomposition="stream_k"), sig)
+    assert (plan.ab_stages, plan.epi_stages, plan.epi_group) == (3, 4, 1)
     assert rules.smem_plan(GemmConfig(tile_m=256, tile_n=128, tma_store=False), sig).ab_stages == 4
 
 

@@ -29,6 +29,7 @@ class TmaStoreEpilogue:
     sC: cute.Tensor
     epi_tile: tuple
     epi_stages: int
+    epi_group: int
     out_dtype: type
     barrier: pipeline.NamedBarrier
 
@@ -40,6 +41,7 @@ class TmaStoreEpilogue:
         sC: cute.Tensor,
         epi_tile: tuple,
         epi_stages: int,
+        epi_group: int,
         thread_in_group: Int32,
         group_threads: int,
         barrier_id: int,
@@ -55,6 +57,7 @@ class TmaStoreEpilogue:
             sC=sC,
             epi_tile=epi_tile,
             epi_stages=epi_stages,
+            epi_group=epi_group,
             out_dtype=out_dtype,
             barrier=pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads),
         )
@@ -88,7 +91,7 @@ class TmaStoreEpilogue:
         subtiles = subtiles_m * subtiles_n
         tRS_rC = cute.make_rmem_tensor(self.sub_shape, cutlass.Float32)
         tRS_rOut = cute.make_rmem_tensor(self.sub_shape, self.out_dtype)
-        groups = subtile_groups(subtiles, self.epi_stages)
+        groups = subtile_groups(subtiles, self.epi_stages, self.epi_group)
         # Sub-tiles go out in groups: the group's shared writes, one fence and one barrier,
         # then the store warp's TMA stores (one bulk group per sub-tile). The barrier also
         # frees the next group's buffers, because before it the store warp has waited until
@@ -130,16 +133,16 @@ class TmaStoreEpilogue:
         return (tile_shape_mn[0] // self.epi_tile[0]) * (tile_shape_mn[1] // self.epi_tile[1])
 
 
-def subtile_groups(subtiles: int, stages: int) -> list[tuple[int, int]]:
+def subtile_groups(subtiles: int, stages: int, largest: int) -> list[tuple[int, int]]:
     """How a tile's sub-tiles are stored: (size, in_flight) per group, in order.
 
-    Groups are as large as two consecutive ones fit the `stages` buffers together (while one
-    group is written, the stores of the one before may still read theirs) and as even as that
+    Groups hold at most `largest` sub-tiles (at most half the `stages` buffers: while one group
+    is written, the stores of the one before may still read theirs) and are as even as that
     allows. `in_flight` is how many of the stores committed when the group's buffers are
     claimed may still be reading: for the first group, claimed after every earlier tile's
     stores; for a later one, before the group ahead of it has committed its own.
     """
-    largest = max(1, stages // 2)
+    largest = max(1, min(largest, stages // 2))
     count = -(-subtiles // largest)
     base, extra = divmod(subtiles, count)
     sizes = [base + 1 if i < extra else base for i in range(count)]

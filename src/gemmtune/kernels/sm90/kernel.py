@@ -76,6 +76,7 @@ class HopperGemm:
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         plan = rules.smem_plan(config, signature)
         self.ab_stages, self.epi_stages = plan.ab_stages, plan.epi_stages
+        self.epi_group = plan.epi_group
         self.epi_tile = rules.epi_tile(config)
         self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
@@ -434,6 +435,7 @@ class HopperGemm:
                 sC,
                 self.epi_tile,
                 self.epi_stages,
+                self.epi_group,
                 thread_in_group,
                 group_threads,
                 barrier_id,
