@@ -62,6 +62,8 @@ def test_every_plan_fits_shared_memory():
             # the buffers take what the A/B stages leave, short of one more
             left = rules.SMEM_CAPACITY - plan.total_bytes
             assert plan.epi_stages == 2 * subtiles or left < plan.epi_stage_bytes
+            # two groups leave a buffer to a store still in flight
+            assert plan.epi_group == 1 or 2 * plan.epi_group < plan.epi_stages
 
 
 def test_epilogue_gives_up_buffers_only_for_an_ab_stage():
