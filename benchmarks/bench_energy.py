@@ -34,7 +34,7 @@ from common import (
 
 from gemmtune.bench.timing import L2Flusher
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob
+from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature

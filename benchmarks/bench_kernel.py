@@ -41,7 +41,7 @@ from common import (
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob
+from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid

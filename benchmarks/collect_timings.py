@@ -40,7 +40,7 @@ from common import (
 
 from gemmtune.bench.timing import L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
-from gemmtune.compile_pool import CompileJob
+from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import Decomposition, Raster
 from gemmtune.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args

@@ -1,13 +1,28 @@
-"""gemmtune: autotuned persistent GEMM kernels for Hopper and Blackwell, in the CuTe DSL."""
+"""gemmtune: autotuned persistent GEMM kernels for Hopper and Blackwell, in the CuTe DSL.
+
+The public names are loaded on first use: a helper process (a compile worker, the benchmark
+worker) imports `gemmtune.<module>` and pays only for what that module needs, never for the
+API layer, torch's custom op or the tuner.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from gemmtune.api import tuned_gemm
-from gemmtune.autotune import autotune
-from gemmtune.config import GemmConfig
-from gemmtune.problem import GemmProblem
-from gemmtune.torch_ops import TunedLinear, use_tuned_linear
-from gemmtune.tuner import TuneResult, tune
+#: public name -> the module that defines it
+_EXPORTS = {
+    "tuned_gemm": "gemmtune.api",
+    "autotune": "gemmtune.autotune",
+    "GemmConfig": "gemmtune.config",
+    "GemmProblem": "gemmtune.problem",
+    "TunedLinear": "gemmtune.torch_ops",
+    "use_tuned_linear": "gemmtune.torch_ops",
+    "TuneResult": "gemmtune.tuner",
+    "tune": "gemmtune.tuner",
+}
 
 __all__ = [
     "GemmConfig",
@@ -20,3 +35,41 @@ __all__ = [
     "tuned_gemm",
     "use_tuned_linear",
 ]
+
+if TYPE_CHECKING:
+    from gemmtune.api import tuned_gemm
+    from gemmtune.autotune import autotune
+    from gemmtune.config import GemmConfig
+    from gemmtune.problem import GemmProblem
+    from gemmtune.torch_ops import TunedLinear, use_tuned_linear
+    from gemmtune.tuner import TuneResult, tune
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gemmtune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+#: Our helper processes (compile workers, the benchmark worker) are named with this prefix.
+HELPER_PROCESS_PREFIX = "gemmtune-"
+
+
+def _in_helper_process() -> bool:
+    import multiprocessing
+
+    return multiprocessing.current_process().name.startswith(HELPER_PROCESS_PREFIX)
+
+
+if not _in_helper_process():
+    # `torch.ops.gemmtune.*` exist from `import gemmtune` on, as users of a library's custom ops
+    # expect (a compiled or exported model that calls them loads after the import). A helper
+    # process never calls them, and a compile worker runs without torch at all.
+    from gemmtune import torch_ops  # noqa: F401

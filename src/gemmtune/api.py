@@ -111,11 +111,14 @@ class Dispatcher:
         """The config `mode` picks for a supported problem; None when torch.matmul won."""
         if mode in ("tune", "cache-only"):
             key = self._bucket_key(problem)
-            record = self.results_cache().lookup(key)
+            results = self.results_cache()
+            record = results.lookup(key)
+            if record is None and mode == "tune":
+                record = results.tune_once(key, lambda: self._tuned_record(problem))
+                if record is None:
+                    log.warning("tuning found no working kernel; using the model's first choice")
             if record is not None:
                 return self.for_shape(record, problem)
-            if mode == "tune":
-                return self._tune(problem, key)
         return self._first_choice(problem)
 
     @staticmethod
@@ -156,25 +159,31 @@ class Dispatcher:
         return the `TuneResult`; `options` go to `tuner.tune` (top_k, exhaustive, ...)."""
         if not problem.supported:
             raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
-        result = self._tune_and_store(problem, self._bucket_key(problem), **options)
+        outcome = []
+        self.results_cache().tune_once(
+            self._bucket_key(problem),
+            lambda: self._tuned_record(problem, outcome, **options),
+            replace=True,
+        )
         self.plans.clear()  # plans made before may have used what this result replaces
-        return result
+        return outcome[0]
 
-    def _tune_and_store(self, problem: GemmProblem, key: str, **options):
-        """Run the tuner; store its winner (a kernel, or torch.matmul) under `key`."""
+    def _tuned_record(
+        self, problem: GemmProblem, outcome: list | None = None, **options
+    ) -> TunedRecord | None:
+        """Run the tuner on `problem`: the record of its winner (a kernel, or torch.matmul),
+        or None when nothing ran correctly. The `TuneResult` is appended to `outcome`."""
         result = (self.tuner or self._default_tuner)(problem, **options)
-        if result.best is not None or result.backend == CUBLAS:
-            record = record_of(result)
-            self.results_cache().store(key, record)
-            log.info("tuned %s: %s wins (%.4f ms)", key.split("|")[0], record.config, record.ms)
-        return result
-
-    def _tune(self, problem: GemmProblem, key: str) -> GemmConfig | None:
-        result = self._tune_and_store(problem, key)
+        if outcome is not None:
+            outcome.append(result)
         if result.best is None and result.backend != CUBLAS:
-            log.warning("tuning found no working kernel; using the ranking model's first choice")
-            return self._first_choice(problem)
-        return None if result.backend == CUBLAS else result.best
+            return None
+        record = record_of(result)
+        p = problem
+        log.info(
+            "tuned %dx%dx%dx%d: %s wins (%.4f ms)", p.m, p.n, p.k, p.l, record.config, record.ms
+        )
+        return record
 
     def _default_tuner(self, problem: GemmProblem, **options):
         from gemmtune.tuner import tune
@@ -189,7 +198,7 @@ class Dispatcher:
         from gemmtune.tuner import device_model_for
 
         model = RankingModel(device_model_for(problem))
-        return in_first_order(model.top_k(problem, candidates(problem), 1)[0])
+        return in_first_order(model.top_k(problem, candidates(problem, orders=False), 1)[0])
 
     def _kernels(self, problem: GemmProblem):
         from gemmtune.cache.kernels import KernelCache

@@ -151,21 +151,28 @@ class Autotuner:
         key = self.key_of(args, kwargs)
         config = self.best.get(key, _MISSING)
         if config is _MISSING:
-            config = self._cached(key, args, kwargs)
-            if config is _MISSING:
-                config = self.tune(args, kwargs, key)
+            config = self._choose(key, args, kwargs)
             self.best[key] = config
         return self.fn(*args, **kwargs, **{self.config_arg: config})
 
-    def _cached(self, key: str, args: tuple, kwargs: dict) -> Any:
+    def _choose(self, key: str, args: tuple, kwargs: dict) -> Any:
+        """The config for `key`: the results cache's, else tuned here (once per key across the
+        processes that share the cache: `ResultsCache.tune_once`)."""
         if not self.cache:
-            return _MISSING
-        record = self.results.lookup(self._cache_key(key, args, kwargs))
-        if record is None:
-            return _MISSING
+            return self._tune(args, kwargs, key)[0]
+        tuned: list[Any] = []
+
+        def tune_record() -> TunedRecord:
+            best, record = self._tune(args, kwargs, key)
+            tuned.append(best)
+            return record
+
+        cache_key = self._cache_key(key, args, kwargs)
+        record = self.results.tune_once(cache_key, tune_record)
         by_name = {repr(c): c for c in self.configs}
-        # a record of configs this decorator no longer lists is stale: tune again
-        return by_name.get(record.config, _MISSING)
+        if record.config not in by_name:  # a record of configs no longer listed is stale
+            record = self.results.tune_once(cache_key, tune_record, replace=True)
+        return tuned[0] if tuned else by_name[record.config]
 
     @property
     def results(self) -> ResultsCache:
@@ -184,8 +191,15 @@ class Autotuner:
         return configs
 
     def tune(self, args: tuple, kwargs: dict, key: str | None = None) -> Any:
-        """Time every candidate config on these arguments; remember and return the best."""
+        """Time every candidate config on these arguments now; store and return the best."""
         key = key or self.key_of(args, kwargs)
+        best, record = self._tune(args, kwargs, key)
+        if self.cache:
+            self.results.store(self._cache_key(key, args, kwargs), record)
+        return best
+
+    def _tune(self, args: tuple, kwargs: dict, key: str) -> tuple[Any, TunedRecord]:
+        """Time every candidate config: the best, and the record the cache keeps of it."""
         configs = self.candidates(args, kwargs)
         self.tunings += 1
         measured = self.benchmark(configs, args, kwargs)
@@ -201,15 +215,13 @@ class Autotuner:
             raise RuntimeError(f"no config of {self.name} ran correctly ({errors})")
         best = configs[timed[0][1]]
         log.info("%s [%s]: %r in %.4f ms", self.name, key, best, timed[0][0])
-        if self.cache:
-            record = TunedRecord(
-                config=repr(best),
-                ms=timed[0][0],
-                runners_up=tuple((repr(configs[i]), ms) for ms, i in timed[1:]),
-                how=f"autotune: {len(timed)} of {len(configs)} configs ran correctly",
-            )
-            self.results.store(self._cache_key(key, args, kwargs), record)
-        return best
+        record = TunedRecord(
+            config=repr(best),
+            ms=timed[0][0],
+            runners_up=tuple((repr(configs[i]), ms) for ms, i in timed[1:]),
+            how=f"autotune: {len(timed)} of {len(configs)} configs ran correctly",
+        )
+        return best, record
 
     def _benchmark(self, configs: list[Any], args: tuple, kwargs: dict) -> list[Measurement]:
         """Each config verified, then timed: in a worker process when one can import the
@@ -223,16 +235,14 @@ class Autotuner:
         jobs = [CallableJob(c, self.warmup_ms, self.runs) for c in configs]
         bar = tqdm(jobs, desc=f"gemmtune autotune {self.fn.__name__}", unit="cfg", leave=False)
         if self.isolate and all(p is not None for p in paths):
-            from gemmtune.bench.worker import BenchWorker
+            from gemmtune import workers
 
             spec.function, spec.reference = paths[0], paths[1] or None
             spec.args, spec.kwargs = to_cpu(args), to_cpu(kwargs)
             in_main = any(p.startswith("__main__:") for p in paths if p)
-            worker = BenchWorker(
-                CALLABLE_RUNNER, run_timeout_s=self.run_timeout_s, import_main=in_main
-            )
-            with worker:
-                worker.setup(spec)
+            worker = workers.bench_worker(device.index or 0, import_main=in_main)
+            with worker.lease(run_timeout_s=self.run_timeout_s):
+                worker.setup(CALLABLE_RUNNER, spec)
                 return [worker.measure(job, repr(job.config)) for job in bar]
         if self.isolate:
             log.warning(

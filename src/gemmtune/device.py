@@ -99,9 +99,8 @@ def max_active_clusters(cluster_size: int, device_index: int) -> int:
     """How many clusters of `cluster_size` CTAs (each using all of an SM's shared memory) run
     at once on the GPU: 132, 66, 30, 15 for 1, 2, 4, 8 on an H100/H200.
 
-    The driver answers only for a loaded kernel, which the DSL compiles for the purpose (a few
-    hundred milliseconds), so the answer is kept in the cache directory, keyed by the GPU's
-    name and SM count: a process that launches a cached kernel imports no compiler.
+    The driver answers only for a loaded kernel (`_query_max_active_clusters` loads an empty
+    one); the answer is kept in the cache directory, keyed by the GPU's name and SM count.
     """
     info = device_info(device_index)
     key = f"{info.name}|{info.sm_count}|{cluster_size}"
@@ -113,12 +112,68 @@ def max_active_clusters(cluster_size: int, device_index: int) -> int:
     return int(facts[key])
 
 
+#: An empty kernel for the occupancy query. PTX for sm_90 is compiled by the driver for any
+#: later GPU too; the query depends on the launch's shared memory and cluster, not the code.
+_PROBE_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry gemmtune_probe() { ret; }
+"""
+
+
+def _driver(result: tuple) -> object:
+    """The value of a cuda-python driver call, or RuntimeError on a CUDA error."""
+    import cuda.bindings.driver as driver
+
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver error {result[0]!r}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
 def _query_max_active_clusters(cluster_size: int, device_index: int) -> int:
-    from cutlass.utils import HardwareInfo
+    """Ask the driver's occupancy calculator, for an empty kernel given all the shared
+    memory a block may have, as our kernels take. No compiler: the driver loads PTX itself,
+    in milliseconds (the DSL's own helper compiles a kernel, importing the DSL: seconds)."""
+    import cuda.bindings.driver as driver
 
     with torch.cuda.device(device_index):
-        torch.cuda.current_stream().synchronize()  # the driver API needs torch's context
-        return HardwareInfo().get_max_active_clusters(cluster_size)
+        torch.cuda.current_stream().synchronize()  # torch's context, current on this thread
+        module = _driver(driver.cuModuleLoadData(_PROBE_PTX))
+        try:
+            function = _driver(driver.cuModuleGetFunction(module, b"gemmtune_probe"))
+            device = _driver(driver.cuCtxGetDevice())
+            attribute = driver.CUdevice_attribute
+            smem = _driver(
+                driver.cuDeviceGetAttribute(
+                    attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device
+                )
+            )
+            func = driver.CUfunction_attribute
+            _driver(
+                driver.cuFuncSetAttribute(
+                    function, func.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                )
+            )
+            _driver(
+                driver.cuFuncSetAttribute(
+                    function, func.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1
+                )
+            )
+            cluster = driver.CUlaunchAttribute()
+            cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            value = driver.CUlaunchAttributeValue()
+            value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = cluster_size, 1, 1
+            cluster.value = value
+            config = driver.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+            config.sharedMemBytes = smem
+            config.attrs = [cluster]
+            config.numAttrs = 1
+            return int(_driver(driver.cuOccupancyMaxActiveClusters(function, config)))
+        finally:
+            driver.cuModuleUnload(module)
 
 
 def _read_facts(path: Path) -> dict:

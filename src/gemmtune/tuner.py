@@ -2,26 +2,30 @@
 
     space.candidates(problem)           every valid config
     ranking model                       the top k by predicted time (or all: exhaustive)
-    compile pool (processes)            their binaries, in parallel ...
-    benchmark worker (process)          ... while each finished one is verified, then timed
-    runtime sweep                       raster x swizzle on the best binaries: launches only
-    final                               the best few again, each alone in windows taken in turn
+    compile workers                     their binaries, in parallel; none the kernel cache holds
+    benchmark worker                    ... while each finished one is verified, then timed
+    runtime sweep                       raster x swizzle on the best binary: launches only
+    final                               the close leaders again, each alone in windows in turn
     -> TuneResult                       the best config, and what happened to every candidate
 
-Compiling and timing overlap: the worker times each binary as soon as it is compiled. A
-candidate that fails to compile, computes a wrong result, faults or hangs is recorded as
-failed and never chosen; the caller's process is never at risk (`bench/worker.py`). Timed one
-after another, candidates meet different clocks as the GPU warms (5% apart on a long, large
-GEMM), so the finalists are decided in windows taken in turn: each runs alone, at the clocks
-its own power allows at the cap, as the caller will run it (interleaving them run by run
-flatters the one that spends more energy per FLOP: `bench.timing.time_in_windows`).
+The compile workers and the benchmark worker belong to the process (`gemmtune.workers`): the
+first tune starts them (their imports and the CUDA context overlap the ranking), later tunes
+find them ready. Compiling and timing overlap: the worker times each binary as soon as it is
+compiled. A candidate that fails to compile, computes a wrong result, faults or hangs is
+recorded as failed and never chosen; the caller's process is never at risk.
+
+Timed one after another, candidates meet different clocks as the GPU warms (5 % apart on a
+long, large GEMM), so the finalists are decided in windows taken in turn: each runs alone, at
+the clocks its own power allows at the cap, as the caller will run it (interleaving them run
+by run flatters the one that spends more energy per FLOP: `bench.timing.time_in_windows`).
+Only leaders within `FINAL_MARGIN` of the best first-pass time go to the final: a first-pass
+time after the idle warm-up lands within 3 % of its final.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,13 +36,14 @@ import torch
 from tqdm import tqdm
 
 from gemmtune.bench.runner import CompareJob, Measurement, ProblemSpec, RunJob
-from gemmtune.bench.worker import DEFAULT_RUNNER, BenchWorker
-from gemmtune.compile_pool import CompileJob, CompileOutcome, compile_iter
 from gemmtune.config import CUBLAS, SWIZZLES, GemmConfig, Raster
+from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.problem import GemmProblem
 from gemmtune.space import candidates
 from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
+from gemmtune.workers.bench import DEFAULT_RUNNER, BenchWorker
+from gemmtune.workers.compiler import CompileJob, CompileOutcome, compile_iter
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +68,11 @@ class CandidateResult:
 
 #: How much faster than torch.matmul our best kernel must be, in the final, to replace it. The
 #: final's windows and a later benchmark of the same pair differ by up to 1.5 % on an H200 at
-#: its power cap (l8b_down_4k: ours chosen, then 0.9875 of cuBLAS in `gemmtune bench`), so a
-#: smaller lead is a coin toss; losing it costs a caller less than running slower than the
-#: library they would have used.
+#: its power cap, so a smaller lead is a coin toss; losing it costs a caller less than running
+#: slower than the library they would have used.
 CUBLAS_MARGIN = 0.01
+#: How far behind the best first-pass time a config may be and still reach the final.
+FINAL_MARGIN = 0.04
 
 
 @dataclass
@@ -80,11 +86,12 @@ class TuneResult:
     results: list[CandidateResult]
     candidates: int
     compiled: int
-    compile_s: float  # compile time summed over the pool's workers
+    compile_s: float  # compile time summed over the workers
     bench_s: float  # time spent verifying and timing
     wall_s: float
     kernel_paths: dict[str, Path] = field(default_factory=dict)
     cublas_ms: float | None = None  # torch.matmul, in the final with the finalists
+    cached_binaries: int = 0  # binaries the kernel cache held (not compiled)
 
     @property
     def backend(self) -> str:
@@ -127,21 +134,34 @@ def device_model_for(problem: GemmProblem) -> DeviceModel:
     return DeviceModel.for_gpu(info.name, info.sm_count, resident)
 
 
+def order_matters(config: GemmConfig, problem: GemmProblem, device: DeviceModel) -> bool:
+    """Whether raster order and swizzle can change `config`'s time on `problem`: only when its
+    work takes more than one round of the resident clusters. In a single round every tile
+    runs at once, whatever order hands them out."""
+    resident = device.resident_clusters(config.cluster_m * config.cluster_n)
+    return TileGrid.of(config, problem.m, problem.n, problem.l).work_units > resident
+
+
+def _default_kernel_dir(problem: GemmProblem) -> Path:
+    from gemmtune.cache.kernels import KernelCache
+
+    return KernelCache(problem.arch.compile_target).folder
+
+
 def tune(
     problem_or_a: GemmProblem | torch.Tensor,
     b: torch.Tensor | None = None,
     *,
     top_k: int = 8,
     exhaustive: bool = False,
-    sweep: int = 2,
-    finalists: int = 5,
+    sweep: int = 1,
+    finalists: int = 4,
     warmup_ms: float = 25.0,
     runs: int = 20,
     final_window_ms: float = 50.0,
     final_rounds: int = 3,
     graph: bool = False,
     kernel_dir: Path | str | None = None,
-    compile_workers: int | None = None,
     compiler: Compiler | None = None,
     runner: str = DEFAULT_RUNNER,
     model: RankingModel | None = None,
@@ -154,161 +174,220 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then the `sweep` best binaries are timed at every raster order and swizzle (each
-    candidate: `warmup_ms`, longer after the GPU sat idle (`bench.timing.IDLE_WARMUP_MS`),
-    then the median of `runs` runs, kept short so that the GPU's clocks move little from one
-    to the next), and the `finalists` best each alone in windows of `final_window_ms` taken
-    in turn `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures
-    its model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend`
-    says who won). Kernels are written to `kernel_dir` (a temporary folder by default).
-    `compiler`, `runner` and `model` are for tests and experiments.
+    given), then the `sweep` best binaries are timed at every raster order and swizzle where
+    the order can matter (`order_matters`; each candidate: `warmup_ms`, longer after the GPU
+    sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so
+    that the GPU's clocks move little from one to the next), and at most `finalists` leaders
+    within `FINAL_MARGIN` of the best each alone in windows of `final_window_ms` taken in turn
+    `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
+    model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend` says
+    who won). Binaries are read from and written to `kernel_dir` (by default the kernel
+    cache's folder, so nothing it holds is compiled again). `compiler`, `runner` and `model`
+    are for tests and experiments.
     """
+    from gemmtune import workers
+
     start = time.perf_counter()
     problem = _problem_of(problem_or_a, b)
     if not problem.supported:
         raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
-    space = candidates(problem)
-    model = model or RankingModel(device_model_for(problem))
-    defaults = [c for c in space if c.raster is Raster.ALONG_M and c.swizzle == 1]
-    if configs is not None:
-        chosen = list(configs)
-    else:
-        picked = defaults if exhaustive else model.top_k(problem, defaults, top_k)
-        chosen = [in_first_order(c) for c in picked]
-    predicted = {c.key: model.predict_us(problem, c) for c in chosen}
-    signature = KernelSignature.of(problem)
-    by_binary: dict[str, list[GemmConfig]] = {}
-    for config in chosen:
-        by_binary.setdefault(config.compile_key, []).append(config)
-    jobs = [CompileJob(group[0], signature) for group in by_binary.values()]
-    log.info(
-        "tuning %dx%dx%dx%d %s: %d candidates, timing %d on %d binaries",
-        problem.m,
-        problem.n,
-        problem.k,
-        problem.l,
-        signature.key,
-        len(space),
-        len(chosen),
-        len(jobs),
-    )
-
-    temporary = tempfile.TemporaryDirectory(prefix="gemmtune-") if kernel_dir is None else None
-    out_dir = Path(temporary.name if temporary else kernel_dir)
-    worker = BenchWorker(runner, run_timeout_s=run_timeout_s)
-    spec = ProblemSpec(
-        problem.m, problem.n, problem.k, problem.l, signature, problem.device.index or 0
-    )
-    setup_errors: list[BaseException] = []
-
-    def set_up() -> None:
-        try:
-            worker.setup(spec)
-        except BaseException as exc:  # re-raised in the caller's thread below
-            setup_errors.append(exc)
-
-    # the worker starts (imports, CUDA context, inputs) while the first kernels compile
-    setup = threading.Thread(target=set_up, daemon=True)
-    setup.start()
-    compile_s = bench_s = 0.0
-    cublas_ms = None
-    compiled = 0
-    results: list[CandidateResult] = []
-    paths: dict[str, Path] = {}
-    bar = tqdm(total=len(chosen), disable=not progress, desc="gemmtune tune", unit="cfg")
-    try:
-        compile_fn = compiler or (
-            lambda jobs, out: compile_iter(
-                jobs, out, target=problem.arch.compile_target, workers=compile_workers
-            )
+    target = problem.arch.compile_target
+    pool = None if compiler else workers.compile_pool(target)
+    if pool is not None:  # the workers import the DSL while the candidates are ranked
+        pool.reserve(len(configs) if configs is not None else top_k)
+    worker = workers.bench_worker(problem.device.index or 0)
+    with worker.lease(run_timeout_s=run_timeout_s):
+        spec = ProblemSpec(
+            problem.m,
+            problem.n,
+            problem.k,
+            problem.l,
+            KernelSignature.of(problem),
+            problem.device.index or 0,
         )
-        for outcome in compile_fn(jobs, out_dir):
-            compile_s += outcome.compile_s
-            group = by_binary[outcome.job.config.compile_key]
+        setup = _Setup(worker, runner, spec)  # runs while the first kernels compile
+        tuning = _Tuning(problem, worker, setup, model, progress)
+        chosen = tuning.choose(configs, exhaustive, top_k)
+        out_dir = Path(kernel_dir) if kernel_dir is not None else _default_kernel_dir(problem)
+        if compiler is None:
+            outcomes = compile_iter(tuning.jobs(chosen), out_dir, pool)
+        else:
+            outcomes = compiler(tuning.jobs(chosen), out_dir)
+        try:
+            tuning.first_pass(outcomes, RunJob("", "", warmup_ms, runs, graph))
+            tuning.sweep(sweep, RunJob("", "", warmup_ms, runs, graph))
+            tuning.final(
+                finalists, cublas, CompareJob((), (), final_window_ms, final_rounds, graph)
+            )
+        finally:
+            tuning.bar.close()
+            setup.thread.join()
+    return tuning.result(time.perf_counter() - start)
+
+
+class _Setup:
+    """The runner's set-up (worker start, inputs, reference) in a thread of its own."""
+
+    def __init__(self, worker: BenchWorker, runner: str, spec: ProblemSpec):
+        self.error: BaseException | None = None
+
+        def set_up() -> None:
+            try:
+                worker.setup(runner, spec)
+            except BaseException as exc:  # re-raised in the caller's thread by `wait`
+                self.error = exc
+
+        self.thread = threading.Thread(target=set_up, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+class _Tuning:
+    """One tune's state between its phases."""
+
+    def __init__(
+        self,
+        problem: GemmProblem,
+        worker: BenchWorker,
+        setup: _Setup,
+        model: RankingModel | None,
+        progress: bool,
+    ):
+        self.problem = problem
+        self.worker = worker
+        self.setup = setup
+        self.device = device_model_for(problem) if model is None else model.device
+        self.model = model or RankingModel(self.device)
+        self.results: list[CandidateResult] = []
+        self.groups: dict[str, list[GemmConfig]] = {}  # configs by binary
+        self.paths: dict[str, Path] = {}
+        self.predicted: dict[str, float] = {}
+        self.space_size = 0
+        self.compiled = self.cached = 0
+        self.compile_s = self.bench_s = 0.0
+        self.cublas_ms: float | None = None
+        self.bar = tqdm(total=0, disable=not progress, desc="gemmtune tune", unit="cfg")
+
+    def choose(
+        self, configs: list[GemmConfig] | None, exhaustive: bool, top_k: int
+    ) -> list[GemmConfig]:
+        space = candidates(self.problem, orders=False)
+        self.space_size = len(space) * len(Raster) * len(SWIZZLES)
+        if configs is not None:
+            chosen = list(configs)
+        else:
+            picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
+            chosen = [in_first_order(c) for c in picked]
+        self.predicted = {c.key: self.model.predict_us(self.problem, c) for c in chosen}
+        self.bar.total = len(chosen)
+        return chosen
+
+    def jobs(self, chosen: list[GemmConfig]) -> list[CompileJob]:
+        for config in chosen:
+            self.groups.setdefault(config.compile_key, []).append(config)
+        signature = KernelSignature.of(self.problem)
+        jobs = [CompileJob(group[0], signature) for group in self.groups.values()]
+        p = self.problem
+        log.info(
+            "tuning %dx%dx%dx%d %s: %d candidates, timing %d on %d binaries",
+            *(p.m, p.n, p.k, p.l),
+            signature.key,
+            self.space_size,
+            len(chosen),
+            len(jobs),
+        )
+        return jobs
+
+    def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
+        t0 = time.perf_counter()
+        job = dataclasses.replace(
+            options, config_json=config.to_json(), kernel_path=str(self.paths[config.compile_key])
+        )
+        m = self.worker.measure(job, config.key)
+        self.bench_s += time.perf_counter() - t0
+        self.bar.update(1)
+        return _result(config, self.predicted.get(config.key), m)
+
+    def first_pass(self, outcomes: Iterator[CompileOutcome], options: RunJob) -> None:
+        """Each binary's configs, verified and timed as soon as it is compiled."""
+        for outcome in outcomes:
+            self.compile_s += outcome.compile_s
+            group = self.groups[outcome.job.config.compile_key]
             if outcome.path is None:
                 for config in group:
-                    results.append(
-                        CandidateResult(
-                            config, predicted[config.key], None, error=f"compile: {outcome.error}"
-                        )
+                    error = f"compile: {outcome.error}"
+                    self.results.append(
+                        CandidateResult(config, self.predicted[config.key], None, error=error)
                     )
-                bar.update(len(group))
+                self.bar.update(len(group))
                 continue
-            compiled += 1
-            paths[outcome.job.config.compile_key] = outcome.path
-            setup.join()
-            if setup_errors:
-                raise setup_errors[0]
-            for config in group:
-                t0 = time.perf_counter()
-                m = worker.measure(
-                    RunJob(config.to_json(), str(outcome.path), warmup_ms, runs, graph),
-                    config.key,
-                )
-                bench_s += time.perf_counter() - t0
-                results.append(_result(config, predicted[config.key], m))
-                bar.update(1)
-        swept = sorted((r for r in results if r.ok), key=lambda r: r.ms)[:sweep]
+            self.cached += outcome.cached
+            self.compiled += not outcome.cached
+            self.paths[outcome.job.config.compile_key] = outcome.path
+            self.setup.wait()
+            self.results.extend(self._measure(config, options) for config in group)
+
+    def sweep(self, binaries: int, options: RunJob) -> None:
+        """The best `binaries` at every raster order and swizzle, where order can matter."""
+        timed = {r.config.key for r in self.results}
+        best = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)[:binaries]
         variants = [
-            r.config.with_runtime(raster=raster, swizzle=swizzle)
-            for r in swept
+            v
+            for r in best
+            if order_matters(r.config, self.problem, self.device)
             for raster in Raster
             for swizzle in SWIZZLES
+            if (v := r.config.with_runtime(raster=raster, swizzle=swizzle)).key not in timed
         ]
-        variants = [v for v in variants if v.key not in {r.config.key for r in results}]
-        bar.total += len(variants)
-        for config in variants:
-            t0 = time.perf_counter()
-            m = worker.measure(
-                RunJob(config.to_json(), str(paths[config.compile_key]), warmup_ms, runs, graph),
-                config.key,
-            )
-            bench_s += time.perf_counter() - t0
-            results.append(_result(config, None, m))
-            bar.update(1)
-        leaders = sorted((r for r in results if r.ok), key=lambda r: r.ms)[:finalists]
-        if len(leaders) > 1 or (cublas and leaders):
-            t0 = time.perf_counter()
-            extra = (CUBLAS,) if cublas else ()
-            job = CompareJob(
-                tuple(r.config.to_json() for r in leaders) + extra,
-                tuple(str(paths[r.config.compile_key]) for r in leaders) + extra,
-                final_window_ms,
-                final_rounds,
-                graph,
-            )
-            final = worker.compare(job, [r.config.key for r in leaders] + list(extra))
-            bench_s += time.perf_counter() - t0
-            for r, m in zip(leaders, final, strict=False):
-                results[results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
-            if cublas:
-                cublas_ms = final[-1].ms
-    finally:
-        bar.close()
-        setup.join()
-        worker.close()
-        if temporary is not None:
-            temporary.cleanup()
-            paths = {}
-    ok = [r for r in results if r.ok]
-    decided = [r for r in ok if r.final_ms is not None]
-    best = min(decided or ok, key=lambda r: r.final_ms if decided else r.ms) if ok else None
-    if best is None:
-        log.warning("no candidate of %d ran correctly", len(results))
-    return TuneResult(
-        problem=problem,
-        best=best.config if best else None,
-        best_ms=(best.final_ms or best.ms) if best else None,
-        reference_error=best.rel_err if best else None,
-        results=results,
-        candidates=len(space),
-        compiled=compiled,
-        compile_s=compile_s,
-        bench_s=bench_s,
-        wall_s=time.perf_counter() - start,
-        kernel_paths=paths,
-        cublas_ms=cublas_ms,
-    )
+        self.bar.total += len(variants)
+        self.results.extend(self._measure(config, options) for config in variants)
+
+    def final(self, finalists: int, cublas: bool, options: CompareJob) -> None:
+        """The leaders within `FINAL_MARGIN` of the best (and torch.matmul), each alone in
+        windows taken in turn."""
+        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
+        leaders = [r for r in ok[:finalists] if r.ms <= ok[0].ms * (1 + FINAL_MARGIN)]
+        if not (len(leaders) > 1 or (cublas and leaders)):
+            return
+        t0 = time.perf_counter()
+        extra = (CUBLAS,) if cublas else ()
+        job = dataclasses.replace(
+            options,
+            configs_json=tuple(r.config.to_json() for r in leaders) + extra,
+            kernel_paths=tuple(str(self.paths[r.config.compile_key]) for r in leaders) + extra,
+        )
+        final = self.worker.compare(job, [r.config.key for r in leaders] + list(extra))
+        self.bench_s += time.perf_counter() - t0
+        for r, m in zip(leaders, final, strict=False):
+            self.results[self.results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
+        if cublas:
+            self.cublas_ms = final[-1].ms
+
+    def result(self, wall_s: float) -> TuneResult:
+        ok = [r for r in self.results if r.ok]
+        decided = [r for r in ok if r.final_ms is not None]
+        best = min(decided or ok, key=lambda r: r.final_ms if decided else r.ms) if ok else None
+        if best is None:
+            log.warning("no candidate of %d ran correctly", len(self.results))
+        return TuneResult(
+            problem=self.problem,
+            best=best.config if best else None,
+            best_ms=(best.final_ms or best.ms) if best else None,
+            reference_error=best.rel_err if best else None,
+            results=self.results,
+            candidates=self.space_size,
+            compiled=self.compiled,
+            compile_s=self.compile_s,
+            bench_s=self.bench_s,
+            wall_s=wall_s,
+            kernel_paths=self.paths,
+            cublas_ms=self.cublas_ms,
+            cached_binaries=self.cached,
+        )
 
 
 def _result(config: GemmConfig, predicted: float | None, m: Measurement) -> CandidateResult:

@@ -1,4 +1,5 @@
-"""The benchmark worker survives crashes, hangs and CUDA faults of the candidates it runs."""
+"""The benchmark worker survives crashes, hangs and CUDA faults of the candidates it runs, and
+serves one problem after another in one process."""
 
 import math
 import subprocess
@@ -11,9 +12,9 @@ from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
 
 from gemmtune.bench.runner import ProblemSpec, RunJob
 from gemmtune.bench.verify import check, relative_error, tolerance
-from gemmtune.bench.worker import BenchWorker, WorkerFailure
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.workers.bench import BenchWorker, WorkerFailure
 
 RUNNER = "fake_runner:FakeRunner"
 SPEC = ProblemSpec(256, 256, 256, 1, KernelSignature())
@@ -28,8 +29,8 @@ def run(worker, tile_m, tile_n):
 
 @pytest.mark.timeout(120)
 def test_worker_restarts_after_crash_hang_and_fault_and_goes_on():
-    with BenchWorker(RUNNER, run_timeout_s=5) as worker:
-        worker.setup(SPEC)
+    with BenchWorker().lease(run_timeout_s=5) as worker:
+        worker.setup(RUNNER, SPEC)
         config, good = run(worker, 128, 128)
         assert good.ms == pytest.approx(fake_ms(config)) and good.error is None
         for tile, why in ((CRASH, "died"), (HANG, "hung"), (FAULT, "illegal memory access")):
@@ -44,12 +45,18 @@ def test_worker_restarts_after_crash_hang_and_fault_and_goes_on():
         assert worker.restarts == 3  # a wrong answer is not a reason to restart
 
 
-def test_worker_setup_failure_is_reported():
-    with (
-        BenchWorker("fake_runner:NoSuchRunner", setup_timeout_s=60) as worker,
-        pytest.raises(WorkerFailure),
-    ):
-        worker.setup(SPEC)
+def test_worker_setup_failure_is_reported_and_the_process_serves_the_next_problem():
+    worker = BenchWorker(setup_timeout_s=60)
+    with worker.lease(), pytest.raises(WorkerFailure):
+        worker.setup("fake_runner:NoSuchRunner", SPEC)
+    pid = worker.helper.process.pid
+    with worker.lease() as leased:
+        leased.setup(RUNNER, SPEC)
+        config, good = run(leased, 128, 128)
+        assert good.ms == pytest.approx(fake_ms(config))
+    assert worker.helper.process.pid == pid and worker.restarts == 0
+    worker.stop()
+    assert not worker.helper.alive
 
 
 def test_tolerance_depends_on_the_output_dtype():
@@ -69,12 +76,12 @@ UNGUARDED_SCRIPT = """
 import sys
 sys.path.insert(0, {bench!r})
 from gemmtune.bench.runner import RunJob
-from gemmtune.bench.worker import BenchWorker
 from gemmtune.config import GemmConfig
+from gemmtune.workers.bench import BenchWorker
 
 # no `if __name__ == "__main__":` guard, as in many users' scripts
-with BenchWorker("fake_runner:ReliableRunner") as worker:
-    worker.setup(None)
+with BenchWorker().lease() as worker:
+    worker.setup("fake_runner:ReliableRunner", None)
     print("measured", worker.measure(RunJob(GemmConfig().to_json(), "unused.o"), "k").ms)
 """
 

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from gemmtune.cache.kernels import KernelCache, fingerprint, kernel_file_name
+from gemmtune.cache.kernels import KernelCache, fingerprint
 from gemmtune.config import GemmConfig
-from gemmtune.kernels.build import artifact_suffix
+from gemmtune.kernels.build import artifact_name, artifact_suffix
 from gemmtune.kernels.signature import KernelSignature
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(300)]
@@ -22,7 +22,7 @@ def test_compiled_once_then_loaded_by_a_fresh_cache(tmp_path):
     kernel = first.get(CONFIG, SIGNATURE)
     assert first.compiles == 1 and first.get(CONFIG, SIGNATURE) is kernel
     path = first.path(CONFIG, SIGNATURE)
-    assert path.name == kernel_file_name(CONFIG, SIGNATURE) and path.stat().st_size > 1000
+    assert path.name == artifact_name(CONFIG, SIGNATURE) and path.stat().st_size > 1000
     assert [p.name for p in path.parent.iterdir() if ".tmp" in p.name] == []
     # another process: same folder, nothing in memory
     second = KernelCache("sm_90a", tmp_path)
@@ -68,11 +68,16 @@ def test_the_folder_changes_with_what_changes_a_binary():
     assert KernelCache("sm_90a").folder.name.startswith("sm_90a-")
 
 
-def test_the_compile_pool_fills_the_kernel_cache(tmp_path):
-    from gemmtune.compile_pool import CompileJob, compile_all
+def test_the_compile_workers_fill_the_kernel_cache_and_reuse_it(tmp_path):
+    from gemmtune import workers
+    from gemmtune.workers.compiler import CompileJob, compile_all
 
     cache = KernelCache("sm_90a", tmp_path)
-    (outcome,) = compile_all([CompileJob(CONFIG, SIGNATURE)], cache.folder, workers=1)
-    assert outcome.path == cache.path(CONFIG, SIGNATURE)
+    pool = workers.compile_pool("sm_90a")
+    (outcome,) = compile_all([CompileJob(CONFIG, SIGNATURE)], cache.folder, pool)
+    assert outcome.path == cache.path(CONFIG, SIGNATURE) and not outcome.cached
     assert cache.get(CONFIG, SIGNATURE) is not None
     assert (cache.loads, cache.compiles) == (1, 0)
+    # what the cache holds is never compiled again
+    (again,) = compile_all([CompileJob(CONFIG, SIGNATURE)], cache.folder, pool)
+    assert again.cached and again.compile_s == 0 and again.path == outcome.path

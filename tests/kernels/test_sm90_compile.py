@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from gemmtune.compile_pool import CompileJob, inspect_all
 from gemmtune.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.workers.compiler import CompileJob, CompilePool, inspect_all
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(1500)]
 
@@ -30,23 +30,31 @@ needs_nvdisasm = pytest.mark.skipif(
 )
 
 
-def _check(jobs):
-    reports = inspect_all(jobs, workers=2)
+@pytest.fixture(scope="module")
+def pool():
+    """Two compile workers: CI has two cores."""
+    pool = CompilePool("sm_90a", max_workers=2)
+    yield pool
+    pool.stop_workers()
+
+
+def _check(pool, jobs):
+    reports = inspect_all(jobs, pool)
     bad = [r for r in reports if not r.ok]
     assert not bad, "\n".join(map(str, bad))
     return reports
 
 
 @needs_nvdisasm
-def test_every_implemented_config_compiles_to_hgmma_without_spills():
+def test_every_implemented_config_compiles_to_hgmma_without_spills(pool):
     configs = rules.implemented_configs()
     assert len(configs) == 304
-    reports = _check([CompileJob(c, KernelSignature()) for c in configs])
+    reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
 
 
 @needs_nvdisasm
-def test_every_tile_compiles_split_k_and_stream_k():
+def test_every_tile_compiles_split_k_and_stream_k(pool):
     """Each tile and schedule with each decomposition that shares tiles, the cluster shapes
     and epilogues taken in turn (the reduction's code depends on the tile and the schedule)."""
     configs = rules.implemented_configs((Decomposition.SPLIT_K, Decomposition.STREAM_K))
@@ -55,7 +63,7 @@ def test_every_tile_compiles_split_k_and_stream_k():
         by_tile.setdefault((c.schedule, c.tile_m, c.tile_n, c.decomposition), []).append(c)
     chosen = [variants[i % len(variants)] for i, variants in enumerate(by_tile.values())]
     assert {c.decomposition for c in chosen} == {Decomposition.SPLIT_K, Decomposition.STREAM_K}
-    _check([CompileJob(c, KernelSignature()) for c in chosen])
+    _check(pool, [CompileJob(c, KernelSignature()) for c in chosen])
 
 
 SIGNATURES = [
@@ -71,7 +79,7 @@ SIGNATURES = [
 
 
 @needs_nvdisasm
-def test_every_signature_compiles():
+def test_every_signature_compiles(pool):
     # cooperative, ping-pong and swapped configs in turn, alternating the epilogue
     configs = [
         GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True),
@@ -84,11 +92,11 @@ def test_every_signature_compiles():
     refused = [j for j in jobs if rules.signature_reason(j.config, j.signature)]
     # the rules refuse what spills (batched 256x208, 128x192 ping-pong storing M-major)
     assert {j.config.tile_n for j in refused} == {192, 208}
-    _check([j for j in jobs if j not in refused])
+    _check(pool, [j for j in jobs if j not in refused])
 
 
 @needs_nvdisasm
-def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills():
+def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(pool):
     # the neighbours of `rules.BATCHED_SPILLING_TILES`, on two clusters and both epilogues
     batched = KernelSignature(batched=True)
     configs = [
@@ -96,4 +104,4 @@ def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills():
         GemmConfig(tile_m=192, tile_n=192, cluster_m=2, tma_store=False),
     ]
     assert all(rules.signature_reason(c, batched) is None for c in configs)
-    _check([CompileJob(c, batched) for c in configs])
+    _check(pool, [CompileJob(c, batched) for c in configs])

@@ -4,10 +4,11 @@ In memory, a dictionary: a kernel is compiled or loaded once per process. On dis
 exported kernels linked into shared libraries (`kernels.build.export_gemm`), loaded by TVM-FFI
 in about a millisecond instead of a second's compile (and without importing the DSL), under a
 folder named by a fingerprint of everything that changes a binary: gemmtune's version and kernel
-sources, the DSL's version and CUDA flavour, the target. The file name is the config's compile
-key and the signature's key, the name the tuner's compile pool writes, so tuning fills this
-cache. Writes go to a temporary file that is renamed into place under a file lock; a file that
-cannot be loaded is set aside with a warning and rebuilt.
+sources, the DSL's version and CUDA flavour, the target. The file name is
+`kernels.build.artifact_name`, the name the compile workers write, so tuning fills this cache
+and a miss here is compiled by a compile worker too. Writes go to a temporary file that is
+renamed into place under a file lock; a file that cannot be loaded is set aside with a warning
+and rebuilt.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import gemmtune
 from gemmtune.config import GemmConfig
-from gemmtune.files import write_atomically
+from gemmtune.kernels.build import artifact_name
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.settings import cache_dir
 
@@ -49,12 +50,6 @@ def fingerprint(target: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def kernel_file_name(config: GemmConfig, signature: KernelSignature) -> str:
-    from gemmtune.kernels.build import artifact_suffix
-
-    return f"{config.compile_key}__{signature.key}{artifact_suffix()}"
-
-
 class KernelCache:
     """Compiled kernels of one target, in memory and in one folder of the cache directory."""
 
@@ -66,7 +61,7 @@ class KernelCache:
         self.loads = self.compiles = 0
 
     def path(self, config: GemmConfig, signature: KernelSignature) -> Path:
-        return self.folder / kernel_file_name(config, signature)
+        return self.folder / artifact_name(config, signature)
 
     def get(self, config: GemmConfig, signature: KernelSignature):
         """The kernel for (config, signature): from memory, else from disk, else compiled (and
@@ -95,9 +90,13 @@ class KernelCache:
         return kernel
 
     def _build(self, config: GemmConfig, signature: KernelSignature):
-        from gemmtune.kernels.build import compile_gemm, export_gemm
+        """Compile in a compile worker (the DSL stays out of this process, and a compiler
+        crash costs the worker), then load the file it wrote."""
+        from gemmtune import workers
+        from gemmtune.kernels.build import load_gemm
+        from gemmtune.workers.compiler import CompileJob
 
-        kernel = compile_gemm(config, signature)
+        job = CompileJob(config, signature)
+        outcome = workers.compile_pool(self.target).submit(job, self.folder).result()
         self.compiles += 1
-        write_atomically(self.path(config, signature), lambda tmp: export_gemm(kernel, tmp))
-        return kernel
+        return load_gemm(outcome.path, config, signature)

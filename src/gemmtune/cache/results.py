@@ -1,26 +1,39 @@
 """Level 2: tuning results, from a problem's bucket key to the best config.
 
-Stored in SQLite (WAL mode, so readers never block the writer and several processes can tune
-and write at once) in the cache directory, with a dictionary in front so that a hit costs a
+Stored in SQLite (WAL mode, so readers never block the writer and several processes can
+write at once) in the cache directory, with a dictionary in front so that a hit costs a
 dictionary lookup. A key holds the GPU and the versions (`buckets.bucket_key`), so a result
 tuned elsewhere is never found, hence never reused silently. A database that cannot be read is
 set aside with a warning and a new one started.
+
+A key is tuned once, whatever the number of processes that need it (`tune_once`): the first
+takes the key's lock (a file in `locks/`, locked with `flock`, which the operating system
+releases when its holder exits or dies, so no dead process leaves it held) and tunes; the
+others wait on the lock and then read the record it stored. Two processes never time their
+candidates on one GPU at once, and all of them run the same winner.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from gemmtune.config import GemmConfig
 from gemmtune.settings import cache_dir
 
 log = logging.getLogger(__name__)
+
+#: How long a process waits for another's tune of the same key before tuning it itself.
+TUNE_WAIT_S = 900.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -109,9 +122,10 @@ class ResultsCache:
 
     # -- records ---------------------------------------------------------------------------
 
-    def lookup(self, key: str) -> TunedRecord | None:
-        """The record of `key`, from memory or from disk; None when there is none."""
-        record = self.memory.get(key)
+    def lookup(self, key: str, *, fresh: bool = False) -> TunedRecord | None:
+        """The record of `key`, from memory or from disk (`fresh`: from disk, for a record
+        another process may have replaced); None when there is none."""
+        record = None if fresh else self.memory.get(key)
         if record is None:
             rows = self._execute("SELECT record FROM results WHERE key = ?", (key,))
             if rows:
@@ -125,6 +139,46 @@ class ResultsCache:
             (key, record.config, record.ms, record.to_json(), time.time()),
         )
         self.memory[key] = record
+
+    def tune_once(
+        self,
+        key: str,
+        tune: Callable[[], TunedRecord | None],
+        *,
+        replace: bool = False,
+        wait_s: float = TUNE_WAIT_S,
+    ) -> TunedRecord | None:
+        """The record of `key`; where there is none (or with `replace`), `tune()`'s, stored.
+        Processes sharing this cache tune a key one at a time: a process that finds the key's
+        lock held waits for it (up to `wait_s`, then tunes without it) and takes the record the
+        holder stored. `tune` returns None when it found nothing to store."""
+        if not replace and (record := self.lookup(key)) is not None:
+            return record
+        lock = FileLock(self.lock_path(key))
+        try:
+            lock.acquire(timeout=wait_s)
+        except Timeout:
+            log.warning("waited %.0f s for another process's tune of %s; tuning here", wait_s, key)
+            return self._store_tuned(key, tune)
+        try:
+            if not replace and (record := self.lookup(key, fresh=True)) is not None:
+                return record  # another process tuned it while this one waited
+            return self._store_tuned(key, tune)
+        finally:
+            lock.release()
+
+    def _store_tuned(self, key: str, tune: Callable[[], TunedRecord | None]) -> TunedRecord | None:
+        record = tune()
+        if record is not None:
+            self.store(key, record)
+        return record
+
+    def lock_path(self, key: str) -> Path:
+        """The lock file of `key`'s tune."""
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        path = self.path.parent / "locks" / f"{digest}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def items(self) -> list[tuple[str, TunedRecord]]:
         rows = self._execute("SELECT key, record FROM results ORDER BY key")

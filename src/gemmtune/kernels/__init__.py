@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from gemmtune import dtypes
 from gemmtune.config import GemmConfig
-from gemmtune.problem import DTYPE_NAMES, GemmProblem
+
+if TYPE_CHECKING:
+    from gemmtune.problem import GemmProblem
 
 
 def serve_reason(
@@ -20,9 +24,8 @@ def serve_reason(
         return why
     if problem.arch.value != config.arch:
         return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
-    if problem.a_dtype != problem.b_dtype or DTYPE_NAMES.get(problem.a_dtype) not in (
-        "bf16",
-        "fp16",
+    if problem.a_dtype != problem.b_dtype or dtypes.name_of(problem.a_dtype) not in (
+        dtypes.KERNEL_INPUTS
     ):
         return "A and B must both be bf16 or both fp16"
     return None

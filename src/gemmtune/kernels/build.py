@@ -100,6 +100,29 @@ def _linker() -> str | None:
     return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
 
 
+def artifact_name(config: GemmConfig, signature: KernelSignature) -> str:
+    """The file a compiled kernel is stored in: the binary's compile key, the signature's key
+    and `artifact_suffix()`. The kernel cache and the tuner's compile workers share it, so
+    tuning fills the cache and never compiles what it holds."""
+    return f"{config.compile_key}__{signature.key}{artifact_suffix()}"
+
+
+#: The kernel module of each architecture that has one (compile targets drop the "a").
+KERNEL_MODULES = {"sm_90": "gemmtune.kernels.sm90.kernel"}
+
+
+def import_compiler(target: str) -> None:
+    """Import the DSL and the kernel modules for `target` (e.g. "sm_90a"): what every compile
+    needs first, done once by a compile worker as it starts."""
+    import importlib
+
+    import cutlass  # noqa: F401
+
+    module = KERNEL_MODULES.get(target.removesuffix("a"))
+    if module is not None:
+        importlib.import_module(module)
+
+
 def export_gemm(kernel: CompiledGemm, path: Path) -> None:
     """Write a compiled kernel that `load_gemm` loads in any process: a shared library when
     `path` ends in ".so", else the DSL's object file."""
@@ -192,7 +215,7 @@ def compile_gemm(
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
 
-    if config.arch != "sm_90":
+    if config.arch not in KERNEL_MODULES:
         raise NotImplementedError(f"no kernel for {config.arch} yet")
     from gemmtune.kernels.sm90.kernel import HopperGemm
 

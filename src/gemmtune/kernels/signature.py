@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
+from gemmtune import dtypes
 
-from gemmtune.problem import DTYPE_NAMES, GemmProblem
+if TYPE_CHECKING:
+    from gemmtune.problem import GemmProblem
 
-_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 # In the transposed product out^T = b^T @ a^T, the major of the new A (from b's), of the new B
 # (from a's) and of the output: a contiguous K stays K, b's contiguous N is b^T's M, a's
 # contiguous M is a^T's N.
@@ -34,9 +35,9 @@ class KernelSignature:
     batched: bool = False
 
     def __post_init__(self) -> None:
-        if self.ab_dtype not in ("bf16", "fp16"):
+        if self.ab_dtype not in dtypes.KERNEL_INPUTS:
             raise ValueError(f"ab_dtype={self.ab_dtype!r}: kernels take bf16 or fp16 inputs")
-        if self.out_dtype not in ("bf16", "fp16", "fp32"):
+        if self.out_dtype not in dtypes.KERNEL_OUTPUTS:
             raise ValueError(f"out_dtype={self.out_dtype!r}: kernels write bf16, fp16 or fp32")
         for name, allowed in (("a_major", "km"), ("b_major", "kn"), ("out_major", "nm")):
             if getattr(self, name) not in allowed:
@@ -46,8 +47,8 @@ class KernelSignature:
     def of(cls, problem: GemmProblem) -> KernelSignature:
         """The signature a supported problem needs."""
         return cls(
-            ab_dtype=DTYPE_NAMES[problem.a_dtype],
-            out_dtype=DTYPE_NAMES[problem.out_dtype],
+            ab_dtype=dtypes.name_of(problem.a_dtype),
+            out_dtype=dtypes.name_of(problem.out_dtype),
             a_major=problem.a_major or "k",
             b_major=problem.b_major or "n",
             out_major=problem.out_major or "n",
@@ -65,16 +66,16 @@ class KernelSignature:
         )
 
     @property
-    def ab_torch_dtype(self) -> torch.dtype:
-        return _DTYPES_BY_NAME[self.ab_dtype]
+    def ab_torch_dtype(self) -> Any:
+        return dtypes.torch_dtype(self.ab_dtype)
 
     @property
-    def out_torch_dtype(self) -> torch.dtype:
-        return _DTYPES_BY_NAME[self.out_dtype]
+    def out_torch_dtype(self) -> Any:
+        return dtypes.torch_dtype(self.out_dtype)
 
     @property
     def out_bytes(self) -> int:
-        return self.out_torch_dtype.itemsize
+        return dtypes.itemsize(self.out_dtype)
 
     @property
     def key(self) -> str:

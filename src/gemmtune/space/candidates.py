@@ -50,27 +50,33 @@ def _on_arch(problem: GemmProblem, arch: Arch) -> GemmProblem:
     return dataclasses.replace(problem, arch=arch)
 
 
-def runtime_variants(binary: GemmConfig, k_tiles: int | None = None) -> list[GemmConfig]:
-    """`binary` at every split count (split-K; at most one split per k-tile), raster order and
-    swizzle."""
+def runtime_variants(
+    binary: GemmConfig, k_tiles: int | None = None, *, orders: bool = True
+) -> list[GemmConfig]:
+    """`binary` at every split count (split-K; at most one split per k-tile) and, with
+    `orders`, every raster order and swizzle (else at the default ones)."""
     splits = (1,)
     if binary.decomposition is Decomposition.SPLIT_K:
         splits = tuple(s for s in SPLIT_COUNTS if k_tiles is None or s <= k_tiles)
+    rasters, swizzles = (tuple(Raster), SWIZZLES) if orders else ((Raster.ALONG_M,), (1,))
     return [
         binary.with_runtime(splits=s, raster=raster, swizzle=swizzle)
         for s in splits
-        for raster in Raster
-        for swizzle in SWIZZLES
+        for raster in rasters
+        for swizzle in swizzles
     ]
 
 
-def candidates(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]:
-    """Every valid config for `problem` on `arch` (by default the problem's GPU)."""
+def candidates(
+    problem: GemmProblem, arch: Arch | None = None, *, orders: bool = True
+) -> list[GemmConfig]:
+    """Every valid config for `problem` on `arch` (by default the problem's GPU); without
+    `orders`, only at the default raster order and swizzle (what the ranking model ranks)."""
     from gemmtune.kernels.schedule_model import ceil_div
     from gemmtune.kernels.sm90.rules import TILE_K
 
     k_tiles = ceil_div(problem.k, TILE_K)
-    out = [v for b in binaries(problem, arch) for v in runtime_variants(b, k_tiles)]
+    out = [v for b in binaries(problem, arch) for v in runtime_variants(b, k_tiles, orders=orders)]
     log.info(
         "%d candidate configs for %dx%dx%dx%d on %s",
         len(out),

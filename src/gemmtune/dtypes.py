@@ -1,0 +1,48 @@
+"""The element types gemmtune names, in one table that imports nothing heavy.
+
+Kernels, signatures, cache keys and the command line name types by short names ("bf16");
+tensors carry torch dtypes. This module maps between the two without importing torch at
+import time, so that a compile worker, which never touches a tensor, does not pay torch's
+import (about a second and a half).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: short name -> (torch attribute, bytes per element)
+_TABLE = {
+    "bf16": ("bfloat16", 2),
+    "fp16": ("float16", 2),
+    "fp32": ("float32", 4),
+}
+_BY_TORCH_NAME = {f"torch.{attr}": name for name, (attr, _) in _TABLE.items()}
+
+#: Input types our kernels multiply (A and B share one), and the output types they write.
+KERNEL_INPUTS = ("bf16", "fp16")
+KERNEL_OUTPUTS = ("bf16", "fp16", "fp32")
+
+
+def name_of(dtype: Any) -> str | None:
+    """The short name of a torch dtype ("bf16" for torch.bfloat16), or None for one gemmtune
+    does not name."""
+    return _BY_TORCH_NAME.get(str(dtype))
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a short name; ValueError for a name gemmtune does not know."""
+    import torch
+
+    if name not in _TABLE:
+        raise ValueError(f"unknown dtype {name!r}: use one of {', '.join(_TABLE)}")
+    return getattr(torch, _TABLE[name][0])
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of the type named `name`."""
+    return _TABLE[name][1]
+
+
+def label(dtype: Any) -> str:
+    """A short name where there is one, else torch's name: for messages."""
+    return name_of(dtype) or str(dtype).removeprefix("torch.")
