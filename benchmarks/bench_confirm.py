@@ -38,10 +38,10 @@ from common import (
 )
 
 from gemmtune.bench.verify import relative_error
-from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.workers.compiler import CompileJob
 
 # The bar shapes of issue 3: the best of a sweep of 5-6 binaries per shape at four runtime
 # rasters (rm/rn x s1/s8) beside QuACK on one H200 (session 12, bf16, 6 rounds), each with

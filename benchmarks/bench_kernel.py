@@ -41,11 +41,11 @@ from common import (
 
 from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.bench.verify import relative_error
-from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.workers.compiler import CompileJob
 
 # Tile shapes that fill an SM's tensor cores without spilling, each with the cluster shapes
 # that multicast the operand the tile shares most.

@@ -40,13 +40,13 @@ from common import (
 
 from gemmtune.bench.timing import L2Flusher, time_cuda
 from gemmtune.bench.verify import relative_error
-from gemmtune.workers.compiler import CompileJob
 from gemmtune.config import Decomposition, Raster
 from gemmtune.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.workers.compiler import CompileJob
 
 SPLITS = (2, 3, 4, 6, 8, 12, 16)
 SWEPT_BINARIES = 12

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, kernel benchmarks. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests kernel confirm peers launch b2b decomp energy timings tuning cache suite
+# Steps: doctor tests kernel confirm peers launch b2b decomp energy timings tuning cost cache suite
 # (default: doctor tests kernel launch decomp). Results and logs go to $OUT. peers needs QuACK
 # importable (bench_peers.py says how).
 set -uo pipefail
@@ -21,6 +21,7 @@ for step in $steps; do
     b2b) timeout 300 python3 benchmarks/bench_back_to_back.py --out-dir "$OUT" 2>&1 | grep -v "^nvdisasm" ;;
     timings) timeout 560 python3 benchmarks/collect_timings.py --out-dir "$OUT" 2>&1 | tee "$OUT/collect-timings.txt" | grep -v "^nvdisasm" ;;
     tuning) timeout 560 python3 benchmarks/bench_tuning.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-tuning.txt" | grep -v "^nvdisasm" ;;
+    cost) timeout 590 python3 benchmarks/bench_tuning_cost.py --out-dir "$OUT" ${COST_ARGS:-} 2>&1 | tee "$OUT/bench-tuning-cost.txt" | grep -v "^nvdisasm" ;;
     cache) timeout 560 python3 benchmarks/bench_cache.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-cache.txt" | grep -v "^nvdisasm" ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
     energy) timeout 300 python3 benchmarks/bench_energy.py --out-dir "$OUT" 2>&1 | tee "$OUT/bench-energy.txt" | grep -v "^nvdisasm" ;;

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemmtune import workers
 from gemmtune.api import Dispatcher
 from gemmtune.bench.verify import check
 from gemmtune.cache.kernels import KernelCache
 from gemmtune.cache.results import ResultsCache
 from gemmtune.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.workers.compiler import CompileJob, compile_all
+from gemmtune.workers.compiler import CompileJob, CompilePool, compile_all
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
@@ -51,11 +50,9 @@ def dispatcher(tmp_path_factory):
         for batched in (False, True)
     ]
     jobs = [CompileJob(config, s) for config in KERNELS for s in signatures]
-    failed = [
-        o.job.name
-        for o in compile_all(jobs, kernels.folder, workers.compile_pool("sm_90a"))
-        if o.path is None
-    ]
+    pool = CompilePool("sm_90a", max_workers=max(1, (os.cpu_count() or 2) - 1))
+    failed = [o.job.name for o in compile_all(jobs, kernels.folder, pool) if o.path is None]
+    pool.stop_workers()
     assert not failed
     return d
 
@@ -155,3 +152,20 @@ def test_examples_run(tmp_path, script, args):
         assert (tmp_path / "pretuned-gemms.json").exists()
     if script == "custom_kernel_decorator.py":
         assert "tunings: 1" in done.stdout and "matches torch" in done.stdout
+
+
+@pytest.mark.timeout(600)
+def test_processes_on_one_new_bucket_share_one_tune(tmp_path):
+    child = Path(__file__).with_name("concurrent_tune_child.py")
+    env = {**os.environ, "GEMMTUNE_CACHE_DIR": str(tmp_path)}
+    processes = [
+        subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
+    lines = [p.communicate(timeout=500)[0] for p in processes]
+    results = [
+        next(x.split()[1:] for x in out.splitlines() if x.startswith("RESULT")) for out in lines
+    ]
+    assert len({config for config, _, _ in results}) == 1  # one winner for all
+    assert [tuned for _, tuned, _ in results].count("True") == 1  # tuned by one process
+    assert all(correct == "True" for _, _, correct in results)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from gemmtune import device
 from gemmtune.device import DeviceInfo
 
@@ -23,3 +25,14 @@ def test_max_active_clusters_is_queried_once_then_read_from_the_cache(tmp_path, 
     device.max_active_clusters.cache_clear()  # a new process
     assert device.max_active_clusters(2, 0) == 66 and queries == [1, 2]
     device.max_active_clusters.cache_clear()
+
+
+@pytest.mark.gpu
+def test_the_driver_query_agrees_with_the_dsl():
+    """Our occupancy query (an empty PTX kernel, no compiler) against the DSL's helper."""
+    import cutlass.utils
+
+    hardware = cutlass.utils.HardwareInfo()
+    for size in (1, 2, 4, 8):
+        expected = hardware.get_max_active_clusters(size)
+        assert device._query_max_active_clusters(size, 0) == expected > 0

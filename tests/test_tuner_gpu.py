@@ -100,3 +100,20 @@ def test_graph_replay_timing(tmp_path):
     assert 0 < replay.median_ms < 2 * plain.median_ms
     result = tune(a, b, top_k=2, sweep=0, graph=True, kernel_dir=tmp_path, progress=False)
     assert result.best is not None and not result.failures
+
+
+def test_a_second_tune_reuses_the_helpers_and_compiles_nothing_cached(tmp_path):
+    from gemmtune import workers
+    from gemmtune.tuner import tune
+
+    a = torch.randn(1536, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 2560, device="cuda", dtype=torch.bfloat16)
+    first = tune(a, b, top_k=4, kernel_dir=tmp_path, progress=False)
+    pool, worker = workers.compile_pool("sm_90a"), workers.bench_worker(0)
+    compile_pids = {w.helper.process.pid for w in pool._workers}
+    bench_pid = worker.helper.process.pid
+    again = tune(a, b, top_k=4, kernel_dir=tmp_path, progress=False)
+    assert first.compiled == 4 and again.compiled == 0 and again.cached_binaries == 4
+    assert {w.helper.process.pid for w in pool._workers} == compile_pids
+    assert worker.helper.process.pid == bench_pid
+    assert again.best is not None and again.wall_s < first.wall_s

@@ -113,8 +113,16 @@ class _Worker:
 class CompilePool:
     """Compile workers for one target, shared by every tune of the process (thread-safe)."""
 
-    def __init__(self, target: str, *, max_workers: int | None = None, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        target: str,
+        *,
+        max_workers: int | None = None,
+        timeout_s: float = 300.0,
+        service: str = SERVICE,
+    ):
         self.target = target
+        self.service = service
         self.max_workers = max_workers or default_workers()
         self.timeout_s = timeout_s
         self.last_used = time.monotonic()
@@ -131,7 +139,7 @@ class CompilePool:
         """Have at least `count` workers (at most `max_workers`) started; returns at once."""
         with self._lock:
             while len(self._workers) < min(count, self.max_workers):
-                worker = _Worker(HelperProcess(SERVICE, self.target, role="compile"))
+                worker = _Worker(HelperProcess(self.service, self.target, role="compile"))
                 worker.helper.start()
                 self._workers.append(worker)
                 threading.Thread(target=self._drive, args=(worker,), daemon=True).start()

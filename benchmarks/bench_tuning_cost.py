@@ -1,0 +1,301 @@
+"""What a tune costs a user, and how good its choice is.
+
+Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
+- cold: a new process, an empty cache directory; the wall time of the first `tuned_gemm`
+  call (tuning with cuBLAS in the final, storing, launching), with the tuner's compile and
+  benchmark times;
+- warm: one process tunes the shapes one after another: each is a new bucket in a process
+  that has tuned before (the first shape is not counted);
+- cached-binaries: the same process, the results forgotten, every shape again: each tune finds
+  all its binaries in the kernel cache;
+- concurrent: 4 processes call `tuned_gemm` on one new bucket at once, one cache directory;
+  their wall times against one process alone, and whether they agree on the winner;
+- autotune: `@gemmtune.autotune` with 3 configs of a sub-millisecond function
+  (`autotune_subject.py`) in a new process: the first call to the winner, then a new key.
+`top_k_vs_exhaustive`: the cold tune's choice (our kernel or cuBLAS) and the three best configs
+of the exhaustive search (`collect_timings.py`) timed again side by side, each alone in 50 ms
+windows taken in turn 3 times (the tuner's final), L2 flushed before each run:
+exhaustive best ms / chosen ms.
+
+    python benchmarks/bench_tuning_cost.py --out-dir $OUT [--shapes a,b] [--phases ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("cold", "warm", "cached", "concurrent", "autotune")
+ROW = "ROW "
+
+
+def emit(row: dict) -> None:
+    print(ROW + json.dumps(row), flush=True)
+
+
+def operands(m: int, n: int, k: int):
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 5 + k)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return a, b
+
+
+def timed_call(shape: dict) -> dict:
+    """The first `tuned_gemm` of `shape` in this process, with what its tune reported."""
+    import torch
+
+    from gemmtune import api
+
+    tunes = []
+
+    def recording(problem, **options):
+        tunes.append(api.DISPATCHER._default_tuner(problem, **options))
+        return tunes[-1]
+
+    api.DISPATCHER.tuner = recording
+    a, b = operands(shape["m"], shape["n"], shape["k"])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    api.tuned_gemm(a, b)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    row = {"shape": shape["name"], "m": shape["m"], "n": shape["n"], "k": shape["k"]}
+    row.update(dtype="bf16", tune_wall_s=round(wall, 3))
+    if tunes:
+        t = tunes[0]
+        row.update(
+            compile_s=round(t.compile_s, 2),
+            bench_s=round(t.bench_s, 2),
+            tuner_wall_s=round(t.wall_s, 3),
+            compiled=t.compiled,
+            cached_binaries=t.cached_binaries,
+            timed=len(t.results),
+            candidates=t.candidates,
+            config=t.backend if t.backend == "cublas" else t.best.key,
+            best_ms=round(t.best_ms, 5) if t.best_ms else None,
+            cublas_ms=round(t.cublas_ms, 5) if t.cublas_ms else None,
+        )
+    return row
+
+
+def child(mode: str, shapes: list[dict]) -> None:
+    if mode == "cold":
+        emit({**timed_call(shapes[0]), "phase": "cold"})
+    elif mode == "warm":
+        from gemmtune import api
+        from gemmtune.cache.results import ResultsCache
+
+        timed_call(shapes[-1])  # this process has tuned before
+        for shape in shapes[:-1]:
+            emit({**timed_call(shape), "phase": "warm"})
+        api.DISPATCHER.results = ResultsCache(Path(tempfile.mkdtemp()) / "results.sqlite")
+        api.DISPATCHER.plans.clear()
+        for shape in shapes[:-1]:
+            emit({**timed_call(shape), "phase": "cached-binaries"})
+    elif mode == "concurrent":
+        from gemmtune import api
+
+        row = timed_call(shapes[0])
+        key = next(iter(api.DISPATCHER.results.items()))
+        emit({**row, "winner": key[1].config, "tuned_here": "compile_s" in row})
+    elif mode == "autotune":
+        import torch
+        from autotune_subject import chunked_matmul
+
+        x, w = operands(2048, 1024, 1024)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        chunked_matmul(x, w)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        x2, w2 = operands(1024, 2048, 1024)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        chunked_matmul(x2, w2)
+        torch.cuda.synchronize()
+        nxt = time.perf_counter() - start
+        emit({"what": "autotune_first", "ms": round(first * 1e3, 1), "runs": 1})
+        emit({"what": "autotune_next", "ms": round(nxt * 1e3, 1), "runs": 1})
+
+
+def run_child(mode: str, shapes: list[dict], cache: Path, timeout: float = 300) -> list[dict]:
+    env = {**os.environ, "GEMMTUNE_CACHE_DIR": str(cache), "PYTHONPATH": str(HERE)}
+    env["PYTHONPATH"] += os.pathsep + os.environ.get("PYTHONPATH", "")
+    start = time.perf_counter()
+    done = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--shapes",
+            ",".join(s["name"] for s in shapes),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode:
+        print(done.stderr[-3000:], file=sys.stderr)
+    rows = [
+        json.loads(line[len(ROW) :]) for line in done.stdout.splitlines() if line.startswith(ROW)
+    ]
+    for row in rows:
+        row["process_s"] = round(wall, 2)
+    return rows
+
+
+def exhaustive_leaders(path: Path) -> dict[str, list[str]]:
+    with gzip.open(path) as f:
+        by_shape = defaultdict(list)
+        for r in json.load(f)["rows"]:
+            if r["ours_ms"] is not None:
+                by_shape[r["shape"]].append((r["ours_ms"], r["config"]))
+    return {shape: [c for _, c in sorted(rows)[:3]] for shape, rows in by_shape.items()}
+
+
+def against_exhaustive(row: dict, leaders: list[str]) -> None:
+    """Time the cold tune's choice beside the exhaustive leaders (see the module docstring)."""
+    from gemmtune.config import CUBLAS, GemmConfig
+    from gemmtune.problem import GemmProblem
+    from gemmtune.tuner import tune
+
+    a, b = operands(row["m"], row["n"], row["k"])
+    problem = GemmProblem.from_tensors(a, b)
+    chosen = row["config"]
+    pool = [GemmConfig.from_key(c) for c in leaders]
+    if chosen != CUBLAS:
+        pool = list(dict.fromkeys([GemmConfig.from_key(chosen), *pool]))
+    both = tune(
+        problem,
+        configs=pool,
+        sweep=0,
+        finalists=len(pool),
+        progress=False,
+        cublas=chosen == CUBLAS,
+    )
+    both_final = {r.config.key: r.final_ms for r in both.results if r.final_ms is not None}
+    exhaustive_ms = min(both_final[c] for c in leaders if c in both_final)
+    chosen_ms = both.cublas_ms if chosen == CUBLAS else both_final[chosen]
+    row.update(
+        exhaustive_best_ms=round(exhaustive_ms, 5),
+        chosen_ms_side_by_side=round(chosen_ms, 5),
+        top_k_vs_exhaustive=round(exhaustive_ms / chosen_ms, 4),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="")
+    parser.add_argument("--phases", default=",".join(PHASES))
+    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--exhaustive", type=Path, default=HERE / "results" / "timings-h200-2026-11-22.json.gz"
+    )
+    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    from common import load_shapes
+
+    shapes = load_shapes()
+    if args.shapes:
+        wanted = args.shapes.split(",")
+        shapes = sorted(
+            (s for s in shapes if s["name"] in wanted), key=lambda s: wanted.index(s["name"])
+        )
+    if args.child:
+        child(args.child, shapes)
+        return
+    phases = args.phases.split(",")
+    rows: list[dict] = []
+    if "cold" in phases:
+        leaders = exhaustive_leaders(args.exhaustive)
+        for shape in shapes:
+            (row,) = run_child("cold", [shape], Path(tempfile.mkdtemp(prefix="gemmtune-cold-")))
+            rows.append(row)
+            print(
+                f"cold {row['shape']:>20}: {row['tune_wall_s']:6.2f} s "
+                f"(compile {row.get('compile_s')} s summed, bench {row.get('bench_s')} s) "
+                f"-> {row.get('config')}",
+                flush=True,
+            )
+        for row in rows:
+            if row["shape"] in leaders:
+                against_exhaustive(row, leaders[row["shape"]])
+                print(f"     {row['shape']:>20}: {row['top_k_vs_exhaustive']:.3f} of exhaustive")
+    if "warm" in phases or "cached" in phases:
+        # the first shape is tuned last, so the process has tuned before every counted shape
+        ordered = shapes[1:] + shapes[:1]
+        for row in run_child("warm", ordered, Path(tempfile.mkdtemp(prefix="gemmtune-warm-"))):
+            rows.append(row)
+            print(
+                f"{row['phase']} {row['shape']:>20}: {row['tune_wall_s']:6.2f} s "
+                f"(compiled {row.get('compiled')}, cached {row.get('cached_binaries')})"
+            )
+    if "concurrent" in phases:
+        shape = shapes[0]
+        alone = run_child("concurrent", [shape], Path(tempfile.mkdtemp(prefix="gemmtune-one-")))
+        cache = Path(tempfile.mkdtemp(prefix="gemmtune-four-"))
+        env = {**os.environ, "GEMMTUNE_CACHE_DIR": str(cache)}
+        env["PYTHONPATH"] = str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--child", "concurrent", "--shapes", shape["name"]],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(4)
+        ]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        four_s = time.perf_counter() - start
+        four = [
+            json.loads(line[len(ROW) :])
+            for o in outs
+            for line in o.splitlines()
+            if line.startswith(ROW)
+        ]
+        row = {
+            "what": "concurrent_tune",
+            "shape": shape["name"],
+            "processes": 4,
+            "one_process_s": alone[0]["process_s"],
+            "four_processes_s": round(four_s, 2),
+            "ratio": round(four_s / alone[0]["process_s"], 3),
+            "tuned_by": sum(r["tuned_here"] for r in four),
+            "winners": sorted({r["winner"] for r in four}),
+            "tune_wall_s_each": [r["tune_wall_s"] for r in four],
+        }
+        rows.append(row)
+        print(
+            f"concurrent {shape['name']}: 4 processes {four_s:.1f} s, one {row['one_process_s']} s "
+            f"({row['ratio']}x); tuned by {row['tuned_by']}, winners {row['winners']}"
+        )
+    if "autotune" in phases:
+        for row in run_child("autotune", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-at-"))):
+            rows.append(row)
+            print(f"{row['what']}: {row['ms']} ms")
+    from common import write_results
+
+    path = write_results(
+        "tuning-cost", __doc__.split("\n\n")[1].replace("\n", " "), rows, args.out_dir
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
