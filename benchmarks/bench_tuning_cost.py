@@ -85,6 +85,7 @@ def timed_call(shape: dict) -> dict:
             config=t.backend if t.backend == "cublas" else t.best.key,
             best_ms=round(t.best_ms, 5) if t.best_ms else None,
             cublas_ms=round(t.cublas_ms, 5) if t.cublas_ms else None,
+            timeline=t.timeline,
         )
     return row
 
@@ -229,7 +230,7 @@ def main() -> None:
             print(
                 f"cold {row['shape']:>20}: {row['tune_wall_s']:6.2f} s "
                 f"(compile {row.get('compile_s')} s summed, bench {row.get('bench_s')} s) "
-                f"-> {row.get('config')}",
+                f"-> {row.get('config')} {row.get('timeline')}",
                 flush=True,
             )
         for row in rows:
@@ -243,7 +244,8 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{row['phase']} {row['shape']:>20}: {row['tune_wall_s']:6.2f} s "
-                f"(compiled {row.get('compiled')}, cached {row.get('cached_binaries')})"
+                f"(compiled {row.get('compiled')}, cached {row.get('cached_binaries')}) "
+                f"{row.get('timeline')}"
             )
     if "concurrent" in phases:
         shape = shapes[0]

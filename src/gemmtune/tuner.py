@@ -92,6 +92,10 @@ class TuneResult:
     kernel_paths: dict[str, Path] = field(default_factory=dict)
     cublas_ms: float | None = None  # torch.matmul, in the final with the finalists
     cached_binaries: int = 0  # binaries the kernel cache held (not compiled)
+    #: seconds from the start of the tune to each step: "ranked", "first_binary" (compiled),
+    #: "worker_ready", "first_pass" (every binary compiled and timed), "sweep", "final_start",
+    #: "final"
+    timeline: dict[str, float] = field(default_factory=dict)
 
     @property
     def backend(self) -> str:
@@ -206,7 +210,7 @@ def tune(
             problem.device.index or 0,
         )
         setup = _Setup(worker, runner, spec)  # runs while the first kernels compile
-        tuning = _Tuning(problem, worker, setup, model, progress)
+        tuning = _Tuning(problem, worker, setup, model, progress, start)
         chosen = tuning.choose(configs, exhaustive, top_k)
         out_dir = Path(kernel_dir) if kernel_dir is not None else _default_kernel_dir(problem)
         if compiler is None:
@@ -256,8 +260,11 @@ class _Tuning:
         setup: _Setup,
         model: RankingModel | None,
         progress: bool,
+        start: float,
     ):
         self.problem = problem
+        self.start = start
+        self.timeline: dict[str, float] = {}
         self.worker = worker
         self.setup = setup
         self.device = device_model_for(problem) if model is None else model.device
@@ -272,6 +279,9 @@ class _Tuning:
         self.cublas_ms: float | None = None
         self.bar = tqdm(total=0, disable=not progress, desc="gemmtune tune", unit="cfg")
 
+    def mark(self, step: str) -> None:
+        self.timeline.setdefault(step, round(time.perf_counter() - self.start, 3))
+
     def choose(
         self, configs: list[GemmConfig] | None, exhaustive: bool, top_k: int
     ) -> list[GemmConfig]:
@@ -284,6 +294,7 @@ class _Tuning:
             chosen = [in_first_order(c) for c in picked]
         self.predicted = {c.key: self.model.predict_us(self.problem, c) for c in chosen}
         self.bar.total = len(chosen)
+        self.mark("ranked")
         return chosen
 
     def jobs(self, chosen: list[GemmConfig]) -> list[CompileJob]:
@@ -315,6 +326,7 @@ class _Tuning:
     def first_pass(self, outcomes: Iterator[CompileOutcome], options: RunJob) -> None:
         """Each binary's configs, verified and timed as soon as it is compiled."""
         for outcome in outcomes:
+            self.mark("first_binary")
             self.compile_s += outcome.compile_s
             group = self.groups[outcome.job.config.compile_key]
             if outcome.path is None:
@@ -329,7 +341,9 @@ class _Tuning:
             self.compiled += not outcome.cached
             self.paths[outcome.job.config.compile_key] = outcome.path
             self.setup.wait()
+            self.mark("worker_ready")
             self.results.extend(self._measure(config, options) for config in group)
+        self.mark("first_pass")
 
     def sweep(self, binaries: int, options: RunJob) -> None:
         """The best `binaries` at every raster order and swizzle, where order can matter."""
@@ -345,6 +359,7 @@ class _Tuning:
         ]
         self.bar.total += len(variants)
         self.results.extend(self._measure(config, options) for config in variants)
+        self.mark("sweep")
 
     def final(self, finalists: int, cublas: bool, options: CompareJob) -> None:
         """The leaders within `FINAL_MARGIN` of the best (and torch.matmul), each alone in
@@ -353,6 +368,7 @@ class _Tuning:
         leaders = [r for r in ok[:finalists] if r.ms <= ok[0].ms * (1 + FINAL_MARGIN)]
         if not (len(leaders) > 1 or (cublas and leaders)):
             return
+        self.mark("final_start")
         t0 = time.perf_counter()
         extra = (CUBLAS,) if cublas else ()
         job = dataclasses.replace(
@@ -366,6 +382,7 @@ class _Tuning:
             self.results[self.results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
         if cublas:
             self.cublas_ms = final[-1].ms
+        self.mark("final")
 
     def result(self, wall_s: float) -> TuneResult:
         ok = [r for r in self.results if r.ok]
@@ -387,6 +404,7 @@ class _Tuning:
             kernel_paths=self.paths,
             cublas_ms=self.cublas_ms,
             cached_binaries=self.cached,
+            timeline=self.timeline,
         )
 
 
