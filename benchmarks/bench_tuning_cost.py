@@ -10,6 +10,8 @@ Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
   all its binaries in the kernel cache;
 - concurrent: 4 processes call `tuned_gemm` on one new bucket at once, one cache directory;
   their wall times against one process alone, and whether they agree on the winner;
+- helpers: in a new process, how long compile workers (1, then 8 at once) and the benchmark
+  worker take to start, and a worker's first and second compile;
 - autotune: `@gemmtune.autotune` with 3 configs of a sub-millisecond function
   (`autotune_subject.py`) in a new process: the first call to the winner, then a new key.
 `top_k_vs_exhaustive`: the cold tune's choice (our kernel or cuBLAS) and the three best configs
@@ -34,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("cold", "warm", "cached", "concurrent", "autotune")
+PHASES = ("helpers", "cold", "warm", "cached", "concurrent", "autotune")
 ROW = "ROW "
 
 
@@ -90,8 +92,42 @@ def timed_call(shape: dict) -> dict:
     return row
 
 
+def helper_costs() -> None:
+    """Start-up and compile costs of the helper processes, in this new process."""
+    from gemmtune.config import GemmConfig
+    from gemmtune.kernels.signature import KernelSignature
+    from gemmtune.workers.bench import BenchWorker
+    from gemmtune.workers.compiler import CompileJob, CompilePool
+
+    folder = Path(tempfile.mkdtemp())
+    for count in (1, 8):
+        pool = CompilePool("sm_90a", max_workers=count)
+        start = time.perf_counter()
+        pool.reserve(count)
+        for worker in pool._workers:
+            worker.helper.wait_ready()
+        ready = time.perf_counter() - start
+        emit({"what": "compile_workers_ready", "workers": count, "ms": round(ready * 1e3)})
+        if count == 1:
+            for tile_n in (128, 256):
+                job = CompileJob(GemmConfig(tile_m=128, tile_n=tile_n), KernelSignature())
+                start = time.perf_counter()
+                pool.submit(job, folder).result()
+                what = "first_compile" if tile_n == 128 else "second_compile"
+                emit({"what": what, "ms": round((time.perf_counter() - start) * 1e3)})
+        pool.stop_workers()
+    worker = BenchWorker(0)
+    start = time.perf_counter()
+    worker.start()
+    worker.helper.wait_ready()
+    emit({"what": "bench_worker_ready", "ms": round((time.perf_counter() - start) * 1e3)})
+    worker.stop()
+
+
 def child(mode: str, shapes: list[dict]) -> None:
-    if mode == "cold":
+    if mode == "helpers":
+        helper_costs()
+    elif mode == "cold":
         emit({**timed_call(shapes[0]), "phase": "cold"})
     elif mode == "warm":
         from gemmtune import api
@@ -222,6 +258,10 @@ def main() -> None:
         return
     phases = args.phases.split(",")
     rows: list[dict] = []
+    if "helpers" in phases:
+        for row in run_child("helpers", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-h-"))):
+            rows.append(row)
+            print(f"{row['what']} ({row.get('workers', '')}): {row['ms']} ms", flush=True)
     if "cold" in phases:
         leaders = exhaustive_leaders(args.exhaustive)
         for shape in shapes:

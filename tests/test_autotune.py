@@ -149,3 +149,30 @@ def test_functions_of_a_script_without_a_main_guard_are_timed_in_process(tmp_pat
 
         user_kernel.__module__, user_kernel.__qualname__ = "__main__", "user_kernel"
         assert (import_path(user_kernel) is not None) is isolated
+
+
+def test_the_worker_starts_at_decoration_when_the_function_will_tune(tmp_path, monkeypatch):
+    from gemmtune import workers
+
+    started = []
+
+    class Worker:
+        def start(self):
+            started.append(True)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(workers, "bench_worker", lambda device, import_main: Worker())
+    results = ResultsCache(tmp_path / "r.sqlite")
+    Autotuner(scaled, CONFIGS, key=["x"], results=results)
+    assert started == [True]  # nothing of it in the cache: its first call will tune
+    Autotuner(scaled, CONFIGS, key=["x"], results=results, isolate=False)
+    assert started == [True]  # timed in this process: no worker
+    results.store(f"autotune|{__name__}.scaled|x=(4,)", record_of_block(128))
+    Autotuner(scaled, CONFIGS, key=["x"], results=results)
+    assert started == [True]  # tuned before: the cache will answer
+
+
+def record_of_block(block):
+    from gemmtune.cache.results import TunedRecord
+
+    return TunedRecord(repr({"block": block}), 1.0)

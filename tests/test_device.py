@@ -31,7 +31,9 @@ def test_max_active_clusters_is_queried_once_then_read_from_the_cache(tmp_path, 
 def test_the_driver_query_agrees_with_the_dsl():
     """Our occupancy query (an empty PTX kernel, no compiler) against the DSL's helper."""
     import cutlass.utils
+    import torch
 
+    torch.cuda.current_stream().synchronize()  # torch's context is the one the DSL's helper needs
     hardware = cutlass.utils.HardwareInfo()
     for size in (1, 2, 4, 8):
         expected = hardware.get_max_active_clusters(size)

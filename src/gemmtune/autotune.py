@@ -83,8 +83,8 @@ class Autotuner:
         output: int | str | None = None,
         config_arg: str = "config",
         isolate: bool = True,
-        warmup_ms: float = 25.0,
-        runs: int = 50,
+        warmup_ms: float = 10.0,
+        runs: int = 30,
         run_timeout_s: float = 300.0,
         results: ResultsCache | None = None,
         cache: bool = True,
@@ -110,6 +110,27 @@ class Autotuner:
         self.tunings = 0
         self.last_measurements: list[Measurement] = []
         functools.update_wrapper(self, fn)
+        self._start_worker_early()
+
+    def _start_worker_early(self) -> None:
+        """Start the benchmark worker now, while the program goes on towards its first call,
+        where that call will tune in a worker: a GPU is there, the function can be imported
+        by a worker, and the results cache holds nothing of it. The worker's start (torch's
+        import and a CUDA context: seconds) is most of a first tuning's cost."""
+        from gemmtune import _in_helper_process
+
+        paths = [import_path(self.fn), import_path(self.reference) if self.reference else ""]
+        if not (self.isolate and self.cache and torch.cuda.is_available()):
+            return
+        if _in_helper_process() or None in paths:
+            return
+        if self.results.holds_prefix(f"autotune|{self.name}|"):
+            return
+        from gemmtune import workers
+
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        in_main = any(p.startswith("__main__:") for p in paths if p)
+        workers.bench_worker(device, import_main=in_main).start()
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -295,8 +316,8 @@ def autotune(
     output: int | str | None = None,
     config_arg: str = "config",
     isolate: bool = True,
-    warmup_ms: float = 25.0,
-    runs: int = 50,
+    warmup_ms: float = 10.0,
+    runs: int = 30,
     cache: bool = True,
 ) -> Callable[[Callable], Autotuner]:
     """Tune the decorated function over `configs` for each value of `key`.

@@ -77,8 +77,8 @@ class CallableJob:
     """Verify, then time the function at `config`."""
 
     config: Any
-    warmup_ms: float = 25.0
-    runs: int = 50
+    warmup_ms: float = 10.0
+    runs: int = 30
     kind: str = "measure"
 
 

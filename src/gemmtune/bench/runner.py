@@ -38,8 +38,8 @@ class RunJob:
 
     config_json: str
     kernel_path: str
-    warmup_ms: float = 25.0
-    runs: int = 50
+    warmup_ms: float = 10.0
+    runs: int = 15
     graph: bool = False  # time replays of a CUDA graph
     kind: str = "measure"
 
@@ -53,9 +53,12 @@ class CompareJob:
 
     configs_json: tuple[str, ...]
     kernel_paths: tuple[str, ...]
-    window_ms: float = 50.0
+    window_ms: float = 30.0
     rounds: int = 3
     graph: bool = False
+    #: A window of a kernel of a few microseconds is bound by the host's launches, not the
+    #: GPU: its runs are capped so that it lasts milliseconds, not a tenth of a second.
+    max_runs: int = 200
     kind: str = "compare"
 
 
@@ -134,7 +137,12 @@ class GemmRunner:
                 keys.append(config.key)
                 runs.append(self._launcher(config, path))
         timings = time_in_windows(
-            runs, window_ms=job.window_ms, rounds=job.rounds, flush=self.flush, graph=job.graph
+            runs,
+            window_ms=job.window_ms,
+            rounds=job.rounds,
+            max_runs=job.max_runs,
+            flush=self.flush,
+            graph=job.graph,
         )
         self.idle.timed()
         return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]

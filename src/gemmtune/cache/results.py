@@ -133,6 +133,13 @@ class ResultsCache:
                 self.memory[key] = record
         return record
 
+    def holds_prefix(self, prefix: str) -> bool:
+        """Whether some key starts with `prefix`."""
+        rows = self._execute(
+            "SELECT 1 FROM results WHERE key >= ? AND key < ? LIMIT 1", (prefix, prefix + "\uffff")
+        )
+        return bool(rows)
+
     def store(self, key: str, record: TunedRecord) -> None:
         self._execute(
             "INSERT OR REPLACE INTO results (key, config, ms, record, updated) VALUES (?,?,?,?,?)",
