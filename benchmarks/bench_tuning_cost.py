@@ -264,16 +264,18 @@ def main() -> None:
             print(f"{row['what']} ({row.get('workers', '')}): {row['ms']} ms", flush=True)
     if "cold" in phases:
         leaders = exhaustive_leaders(args.exhaustive)
+        cold = []
         for shape in shapes:
             (row,) = run_child("cold", [shape], Path(tempfile.mkdtemp(prefix="gemmtune-cold-")))
-            rows.append(row)
+            cold.append(row)
             print(
                 f"cold {row['shape']:>20}: {row['tune_wall_s']:6.2f} s "
                 f"(compile {row.get('compile_s')} s summed, bench {row.get('bench_s')} s) "
                 f"-> {row.get('config')} {row.get('timeline')}",
                 flush=True,
             )
-        for row in rows:
+        rows.extend(cold)
+        for row in cold:
             if row["shape"] in leaders:
                 against_exhaustive(row, leaders[row["shape"]])
                 print(f"     {row['shape']:>20}: {row['top_k_vs_exhaustive']:.3f} of exhaustive")

@@ -60,3 +60,19 @@ def test_the_process_shares_one_pool_per_target_and_one_worker_per_gpu():
     assert workers.compile_pool("sm_90a") is not workers.compile_pool("sm_100a")
     assert workers.bench_worker(0) is workers.bench_worker(0)
     assert workers.bench_worker(0) is not workers.bench_worker(0, import_main=True)
+
+
+def test_a_compile_worker_never_imports_torch():
+    """Half a compile worker's start-up would be torch's import (tvm_ffi attempts it)."""
+    import subprocess
+
+    code = (
+        "import multiprocessing, sys; multiprocessing.current_process().name = 'gemmtune-x';"
+        "from gemmtune.workers.process import load;"
+        "load('gemmtune.workers.compiler:CompileService');"
+        "import gemmtune.kernels.build, gemmtune.workers;"
+        "print(sorted(m for m in ('torch', 'gemmtune.api', 'gemmtune.tuner') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

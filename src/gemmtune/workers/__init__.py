@@ -16,9 +16,11 @@ import math
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from gemmtune.workers.bench import BenchWorker
-from gemmtune.workers.compiler import CompilePool
+if TYPE_CHECKING:  # imported where used: a compile worker imports this package, never torch
+    from gemmtune.workers.bench import BenchWorker
+    from gemmtune.workers.compiler import CompilePool
 
 IDLE_ENV = "GEMMTUNE_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 300.0
@@ -38,6 +40,8 @@ def idle_limit_s() -> float:
 
 def compile_pool(target: str) -> CompilePool:
     """The compile workers for `target` (e.g. "sm_90a"), created on first use."""
+    from gemmtune.workers.compiler import CompilePool
+
     with _lock:
         pool = _compile_pools.get(target)
         if pool is None:
@@ -49,6 +53,8 @@ def compile_pool(target: str) -> CompilePool:
 def bench_worker(device_index: int, *, import_main: bool = False) -> BenchWorker:
     """The benchmark worker of GPU `device_index` (one that imports the main script, for
     `@autotune` functions defined there, with `import_main`), created on first use."""
+    from gemmtune.workers.bench import BenchWorker
+
     with _lock:
         worker = _bench_workers.get((device_index, import_main))
         if worker is None:
