@@ -85,6 +85,7 @@ def timed_call(shape: dict) -> dict:
             timed=len(t.results),
             candidates=t.candidates,
             config=t.backend if t.backend == "cublas" else t.best.key,
+            winner_rank=winner_rank(t),
             best_ms=round(t.best_ms, 5) if t.best_ms else None,
             cublas_ms=round(t.cublas_ms, 5) if t.cublas_ms else None,
             timeline=t.timeline,
@@ -122,6 +123,18 @@ def helper_costs() -> None:
     worker.helper.wait_ready()
     emit({"what": "bench_worker_ready", "ms": round((time.perf_counter() - start) * 1e3)})
     worker.stop()
+
+
+def winner_rank(result) -> int | None:
+    """Where the ranking model placed our best kernel's binary among those it picked (0: its
+    first choice)."""
+    if result.best is None:
+        return None
+    order = sorted(
+        (r for r in result.results if r.predicted_us is not None), key=lambda r: r.predicted_us
+    )
+    binaries = list(dict.fromkeys(r.config.compile_key for r in order))
+    return binaries.index(result.best.compile_key) if result.best.compile_key in binaries else None
 
 
 def child(mode: str, shapes: list[dict]) -> None:
@@ -221,6 +234,7 @@ def against_exhaustive(row: dict, leaders: list[str]) -> None:
         configs=pool,
         sweep=0,
         finalists=len(pool),
+        final_margin=float("inf"),
         progress=False,
         cublas=chosen == CUBLAS,
     )

@@ -177,6 +177,7 @@ def tune(
     run_timeout_s: float = 60.0,
     progress: bool = True,
     cublas: bool = False,
+    final_margin: float = FINAL_MARGIN,
 ) -> TuneResult:
     """Find the fastest correct config for a problem (or for `a @ b`).
 
@@ -187,7 +188,7 @@ def tune(
     longer after the GPU
     sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so
     that the GPU's clocks move little from one to the next), and at most `finalists` leaders
-    within `FINAL_MARGIN` of the best each alone in windows of `final_window_ms` taken in turn
+    within `final_margin` of the best each alone in windows of `final_window_ms` taken in turn
     `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
     model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend` says
     who won). Binaries are read from and written to `kernel_dir` (by default the kernel
@@ -200,11 +201,13 @@ def tune(
     problem = _problem_of(problem_or_a, b)
     if not problem.supported:
         raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
-    target = problem.arch.compile_target
-    pool = None if compiler else workers.compile_pool(target)
-    if pool is not None:  # the workers import the DSL while the candidates are ranked
-        pool.reserve(len(configs) if configs is not None else top_k)
+    # the helpers import torch and the DSL while the candidates are ranked; the benchmark
+    # worker, whose start is the longer, starts first
     worker = workers.bench_worker(problem.device.index or 0)
+    worker.start()
+    pool = None if compiler else workers.compile_pool(problem.arch.compile_target)
+    if pool is not None:
+        pool.reserve(len(configs) if configs is not None else top_k)
     with worker.lease(run_timeout_s=run_timeout_s):
         spec = ProblemSpec(
             problem.m,
@@ -223,11 +226,11 @@ def tune(
         else:
             outcomes = compiler(tuning.jobs(chosen), out_dir)
         try:
-            tuning.first_pass(outcomes, RunJob("", "", warmup_ms, runs, graph))
-            tuning.sweep(sweep, RunJob("", "", warmup_ms, runs, graph))
-            tuning.final(
-                finalists, cublas, CompareJob((), (), final_window_ms, final_rounds, graph)
-            )
+            timing = RunJob("", "", warmup_ms, runs, graph)
+            tuning.first_pass(outcomes, timing)
+            tuning.sweep(sweep, timing)
+            final = CompareJob((), (), final_window_ms, final_rounds, graph)
+            tuning.final(finalists, final_margin, cublas, final)
         finally:
             tuning.bar.close()
             setup.thread.join()
@@ -367,11 +370,11 @@ class _Tuning:
         self.results.extend(self._measure(config, options) for config in variants)
         self.mark("sweep")
 
-    def final(self, finalists: int, cublas: bool, options: CompareJob) -> None:
-        """The leaders within `FINAL_MARGIN` of the best (and torch.matmul), each alone in
-        windows taken in turn."""
+    def final(self, finalists: int, margin: float, cublas: bool, options: CompareJob) -> None:
+        """The leaders within `margin` of the best (and torch.matmul), each alone in windows
+        taken in turn."""
         ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
-        leaders = [r for r in ok[:finalists] if r.ms <= ok[0].ms * (1 + FINAL_MARGIN)]
+        leaders = [r for r in ok[:finalists] if r.ms <= ok[0].ms * (1 + margin)]
         if not (len(leaders) > 1 or (cublas and leaders)):
             return
         self.mark("final_start")

@@ -103,6 +103,7 @@ class GemmRunner:
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
         self.idle = IdleWarmup()
+        self.idle.warm(self._cublas)  # the first kernels are still compiling
 
     def _kernel(self, path: str, config: GemmConfig):
         from gemmtune.kernels.build import load_gemm

@@ -56,6 +56,12 @@ class IdleWarmup:
         """Note that a timing just ended: the GPU is warm."""
         self.idle_since = time.perf_counter()
 
+    def warm(self, fn: Callable[[], object]) -> None:
+        """Run `fn` for `IDLE_WARMUP_MS` of device time now (while the tuner waits for its
+        first kernel, say), so that a timing that follows at once needs no long warm-up."""
+        _warm_up([fn], IDLE_WARMUP_MS)
+        self.timed()
+
 
 class L2Flusher:
     """Evicts the GPU's L2 by writing a buffer twice its size (what `triton.testing.do_bench`
