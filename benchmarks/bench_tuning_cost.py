@@ -169,14 +169,16 @@ def child(mode: str, shapes: list[dict]) -> None:
         chunked_matmul(x, w)
         torch.cuda.synchronize()
         first = time.perf_counter() - start
+        timelines = [dict(chunked_matmul.last_timeline)]
         x2, w2 = operands(1024, 2048, 1024)
         torch.cuda.synchronize()
         start = time.perf_counter()
         chunked_matmul(x2, w2)
         torch.cuda.synchronize()
         nxt = time.perf_counter() - start
-        emit({"what": "autotune_first", "ms": round(first * 1e3, 1), "runs": 1})
-        emit({"what": "autotune_next", "ms": round(nxt * 1e3, 1), "runs": 1})
+        timelines.append(dict(chunked_matmul.last_timeline))
+        emit({"what": "autotune_first", "ms": round(first * 1e3, 1), "runs": 1, **timelines[0]})
+        emit({"what": "autotune_next", "ms": round(nxt * 1e3, 1), "runs": 1, **timelines[1]})
 
 
 def run_child(mode: str, shapes: list[dict], cache: Path, timeout: float = 300) -> list[dict]:
@@ -346,7 +348,7 @@ def main() -> None:
     if "autotune" in phases:
         for row in run_child("autotune", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-at-"))):
             rows.append(row)
-            print(f"{row['what']}: {row['ms']} ms")
+            print(f"{row['what']}: {row['ms']} ms {row}")
     from common import write_results
 
     path = write_results(

@@ -21,6 +21,7 @@ import inspect
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,8 @@ class Autotuner:
         self.best: dict[str, Any] = {}
         self.tunings = 0
         self.last_measurements: list[Measurement] = []
+        #: seconds from the start of the last benchmark to each of its steps
+        self.last_timeline: dict[str, float] = {}
         functools.update_wrapper(self, fn)
         self._start_worker_early()
 
@@ -255,6 +258,12 @@ class Autotuner:
         paths = (import_path(self.fn), import_path(self.reference) if self.reference else "")
         jobs = [CallableJob(c, self.warmup_ms, self.runs) for c in configs]
         bar = tqdm(jobs, desc=f"gemmtune autotune {self.fn.__name__}", unit="cfg", leave=False)
+        start = time.perf_counter()
+        self.last_timeline = {}
+
+        def mark(step: str) -> None:
+            self.last_timeline[step] = round(time.perf_counter() - start, 3)
+
         if self.isolate and all(p is not None for p in paths):
             from gemmtune import workers
 
@@ -263,8 +272,13 @@ class Autotuner:
             in_main = any(p.startswith("__main__:") for p in paths if p)
             worker = workers.bench_worker(device.index or 0, import_main=in_main)
             with worker.lease(run_timeout_s=self.run_timeout_s):
+                worker.wait_ready()
+                mark("worker_ready")
                 worker.setup(CALLABLE_RUNNER, spec)
-                return [worker.measure(job, repr(job.config)) for job in bar]
+                mark("set_up")
+                measured = [worker.measure(job, repr(job.config)) for job in bar]
+                mark("measured")
+                return measured
         if self.isolate:
             log.warning(
                 "%s cannot be imported by a worker process (a lambda, a nested function or an "

@@ -73,10 +73,11 @@ class CandidateResult:
 CUBLAS_MARGIN = 0.01
 #: How far behind the best first-pass time a config may be and still reach the final.
 FINAL_MARGIN = 0.03
-#: The swizzles (band widths) the runtime sweep tries, at both raster orders. Bands of 4 and 8
-#: tiles time alike on large shapes (within 0.1 % in steady use); the sweep looks for the
-#: shapes where narrow bands or the other raster order win.
-SWEEP_SWIZZLES = (2, 8)
+#: The swizzles the runtime sweep tries, at both raster orders: plain order (1) and bands of 8
+#: tiles (the first pass's). Neither wins everywhere: bands won 4 % on 4096x28672x4096 (the
+#: swapped 256x208 tile), plain order 10 % on 2048^3 and 2 % on 4096x4096x14336 (H200); bands
+#: of 4 and 8 time alike (within 0.1 %, steady use).
+SWEEP_SWIZZLES = (1, 8)
 
 
 @dataclass
@@ -162,7 +163,7 @@ def tune(
     *,
     top_k: int = 8,
     exhaustive: bool = False,
-    sweep: int = 1,
+    sweep: int = 2,
     finalists: int = 3,
     warmup_ms: float = 10.0,
     runs: int = 15,

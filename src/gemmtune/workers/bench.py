@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gemmtune.bench.runner import CompareJob, GemmRunner, Measurement, RunJob
-from gemmtune.workers.process import HelperProcess, load
+from gemmtune.workers.process import HelperFailure, HelperProcess, load
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,11 @@ class BenchWorker:
         """Start the process if it is not running; returns at once."""
         if not self.helper.alive:
             self.helper.start()
+
+    def wait_ready(self) -> None:
+        """Wait for the process to have started (a failure is left for `setup` to report)."""
+        with contextlib.suppress(HelperFailure):
+            self.helper.wait_ready()
 
     @contextlib.contextmanager
     def lease(self, *, run_timeout_s: float = 60.0) -> Iterator[BenchWorker]:
