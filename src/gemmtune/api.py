@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import tvm_ffi  # noqa: F401  our kernels' launch runtime: loaded with gemmtune, not at a first call
 
-from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key
+from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key, current_environment
 from gemmtune.cache.results import ResultsCache, TunedRecord
 from gemmtune.config import CUBLAS, Decomposition, GemmConfig
 from gemmtune.problem import ALIGNMENT_BYTES, GemmProblem, fallback_matmul
@@ -58,18 +58,6 @@ def resolve_mode(mode: str | None) -> str:
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)} (mode= or {MODE_ENV})")
     return mode
-
-
-def current_environment(device_index: int) -> Environment:
-    """The GPU and software a result is tuned for."""
-    import importlib.metadata as metadata
-
-    import gemmtune
-    from gemmtune.device import device_info
-
-    info = device_info(device_index)
-    dsl = metadata.version("nvidia-cutlass-dsl")
-    return Environment(info.name, info.sm_count, gemmtune.__version__, dsl)
 
 
 @dataclass

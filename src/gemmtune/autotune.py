@@ -313,7 +313,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device:
 
 
 def _environment(args: tuple, kwargs: dict) -> str:
-    from gemmtune.api import current_environment
+    from gemmtune.cache.buckets import current_environment
 
     cuda = [t for t in _tensors(args, kwargs) if t.is_cuda]
     if not cuda:

@@ -166,7 +166,7 @@ def tune(
     sweep: int = 2,
     finalists: int = 3,
     warmup_ms: float = 10.0,
-    runs: int = 15,
+    runs: int = 10,
     final_window_ms: float = 30.0,
     final_rounds: int = 3,
     graph: bool = False,
@@ -184,9 +184,9 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then the `sweep` best binaries are timed at every raster order and at the
-    `SWEEP_SWIZZLES` where the order can matter (`order_matters`; each candidate: `warmup_ms`,
-    longer after the GPU
+    given), then the `sweep` best binaries within `final_margin` of the best are timed at
+    every raster order and at the `SWEEP_SWIZZLES` where the order can matter
+    (`order_matters`; each candidate: `warmup_ms`, longer after the GPU
     sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so
     that the GPU's clocks move little from one to the next), and at most `finalists` leaders
     within `final_margin` of the best each alone in windows of `final_window_ms` taken in turn
@@ -229,7 +229,7 @@ def tune(
         try:
             timing = RunJob("", "", warmup_ms, runs, graph)
             tuning.first_pass(outcomes, timing)
-            tuning.sweep(sweep, timing)
+            tuning.sweep(sweep, final_margin, timing)
             final = CompareJob((), (), final_window_ms, final_rounds, graph)
             tuning.final(finalists, final_margin, cublas, final)
         finally:
@@ -354,11 +354,12 @@ class _Tuning:
             self.results.extend(self._measure(config, options) for config in group)
         self.mark("first_pass")
 
-    def sweep(self, binaries: int, options: RunJob) -> None:
-        """The best `binaries` at every raster order and `SWEEP_SWIZZLES`, where order can
-        matter."""
+    def sweep(self, binaries: int, margin: float, options: RunJob) -> None:
+        """The best `binaries` within `margin` of the best at every raster order and
+        `SWEEP_SWIZZLES`, where order can matter."""
         timed = {r.config.key for r in self.results}
-        best = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)[:binaries]
+        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
+        best = [r for r in ok[:binaries] if r.ms <= ok[0].ms * (1 + margin)]
         variants = [
             v
             for r in best

@@ -39,7 +39,7 @@ class RunJob:
     config_json: str
     kernel_path: str
     warmup_ms: float = 10.0
-    runs: int = 15
+    runs: int = 10
     graph: bool = False  # time replays of a CUDA graph
     kind: str = "measure"
 

@@ -4,6 +4,7 @@ changes the answer (dtypes, layouts, batching, GPU, versions)."""
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 from dataclasses import dataclass
 
@@ -68,6 +69,19 @@ class Environment:
     @property
     def key(self) -> str:
         return f"{self.gpu}|{self.sm_count}sm|gemmtune {self.gemmtune}|dsl {self.dsl}"
+
+
+@functools.cache
+def current_environment(device_index: int) -> Environment:
+    """The GPU `device_index` and the software a result tuned on it is valid for."""
+    import importlib.metadata as metadata
+
+    import gemmtune
+    from gemmtune.device import device_info
+
+    info = device_info(device_index)
+    dsl = metadata.version("nvidia-cutlass-dsl")
+    return Environment(info.name, info.sm_count, gemmtune.__version__, dsl)
 
 
 def bucket_key(problem: GemmProblem, env: Environment, policy: BucketPolicy) -> str:

@@ -52,7 +52,7 @@ class BenchService:
     def handle(self, kind: str, payload: Any) -> Any:
         if kind == "setup":
             runner_path, spec = payload
-            self._release()
+            self.runner = None
             self.runner_class = load(runner_path)
             self.runner = self.runner_class(spec)
             return None
@@ -63,7 +63,7 @@ class BenchService:
 
     def _release(self) -> None:
         self.runner = None
-        gc.collect()
+        gc.collect()  # tensors the runner held in reference cycles
         if self.torch.cuda.is_available():
             self.torch.cuda.synchronize()
             self.torch.cuda.empty_cache()
