@@ -22,7 +22,11 @@ _EXPORTS = {
     "use_tuned_linear": "gemmtune.torch_ops",
     "TuneResult": "gemmtune.tuner",
     "tune": "gemmtune.tuner",
+    "start_workers": "gemmtune.workers",
 }
+
+#: public names that their module calls otherwise
+_NAMES_THERE = {"start_workers": "start"}
 
 __all__ = [
     "GemmConfig",
@@ -31,6 +35,7 @@ __all__ = [
     "TunedLinear",
     "__version__",
     "autotune",
+    "start_workers",
     "tune",
     "tuned_gemm",
     "use_tuned_linear",
@@ -43,13 +48,14 @@ if TYPE_CHECKING:
     from gemmtune.problem import GemmProblem
     from gemmtune.torch_ops import TunedLinear, use_tuned_linear
     from gemmtune.tuner import TuneResult, tune
+    from gemmtune.workers import start as start_workers
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gemmtune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), _NAMES_THERE.get(name, name))
     globals()[name] = value
     return value
 

@@ -5,7 +5,13 @@ from gemmtune.config import GemmConfig
 from gemmtune.device import Arch
 from gemmtune.problem import GemmProblem, Operand
 from gemmtune.space import candidates
-from gemmtune.space.ranking import DeviceModel, RankingModel, family, load_calibration
+from gemmtune.space.ranking import (
+    CLASS_MARGIN,
+    DeviceModel,
+    RankingModel,
+    family,
+    load_calibration,
+)
 
 
 def problem(m, n, k):
@@ -64,6 +70,20 @@ def test_top_k_takes_default_runtime_configs_in_order():
     assert predicted == sorted(predicted)
     # the fitted model puts the measured winners of this shape first
     assert any(c.tile_m * c.tile_n >= 128 * 192 for c in top[:3])
+
+
+def test_top_k_gives_every_close_class_of_kernel_a_place():
+    model = RankingModel(DeviceModel())
+    p = problem(8192, 8192, 8192)
+    space = candidates(p, orders=False)
+    plain = [c for _, c in model.rank(p, space)][:8]
+    top = model.top_k(p, space, 8)
+    # by predicted time alone the eight would all be swapped cooperative tiles
+    assert {(c.schedule.value, c.swap_ab) for c in plain} == {("cooperative", True)}
+    assert {c.schedule.value for c in top} == {"cooperative", "pingpong"}
+    predicted = [model.predict_us(p, c) for c in top]
+    assert predicted == sorted(predicted) and max(predicted) <= predicted[0] * (1 + CLASS_MARGIN)
+    assert model.top_k(p, space, 1) == plain[:1]  # the first choice is still the fastest
 
 
 def test_top_k_spends_no_place_on_a_stream_k_twin_predicted_alike():

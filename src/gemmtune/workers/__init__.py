@@ -64,6 +64,23 @@ def bench_worker(device_index: int, *, import_main: bool = False) -> BenchWorker
         return worker
 
 
+def start(device_index: int | None = None) -> None:
+    """Start the helpers a first tune on GPU `device_index` (default: the current one) needs,
+    and return at once: a server that calls this as it starts pays nothing for them when its
+    first new bucket tunes. Nothing is started where no GPU our kernels serve is present."""
+    import torch
+
+    from gemmtune.device import Arch, arch_of
+
+    if not torch.cuda.is_available():
+        return
+    index = torch.cuda.current_device() if device_index is None else device_index
+    if arch_of(index) is Arch.OTHER:
+        return
+    bench_worker(index).start()
+    compile_pool(arch_of(index).compile_target).reserve(8)
+
+
 def shutdown() -> None:
     """Stop every helper process now (they start again when next needed)."""
     with _lock:
