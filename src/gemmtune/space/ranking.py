@@ -260,21 +260,24 @@ class RankingModel:
                 )
             return found
 
-        eligible = [
-            (t, c) for t, c in ranked if all(t < predicted.get(w, math.inf) for w in twins(c))
-        ]
-        if not eligible:
-            return []
-        fastest = eligible[0][0]
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
-        for t, config in eligible:
-            cls = (config.schedule, config.swap_ab)
-            if cls not in classes and t <= fastest * (1 + CLASS_MARGIN):
-                classes.add(cls)
-                kept[config] = t
-        for t, config in eligible:
-            if len(kept) >= k:
+        fastest = None
+        for t, config in ranked:  # fastest first: stop once no class or place is left to fill
+            if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
-            kept.setdefault(config, t)
+            if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
+                continue
+            fastest = t if fastest is None else fastest
+            cls = (config.schedule, config.swap_ab)
+            if len(kept) < k or (cls not in classes and t <= fastest * (1 + CLASS_MARGIN)):
+                kept[config] = t
+            classes.add(cls)
+        # the classes' representatives displace the slowest of the plain top k
+        by_class: dict[tuple, GemmConfig] = {}
+        for config in sorted(kept, key=kept.__getitem__):
+            by_class.setdefault((config.schedule, config.swap_ab), config)
+        rest = [c for c in sorted(kept, key=kept.__getitem__) if c not in by_class.values()]
+        chosen = list(by_class.values()) + rest[: max(0, k - len(by_class))]
+        kept = {c: kept[c] for c in chosen}
         return sorted(kept, key=kept.__getitem__)[:k]
