@@ -174,3 +174,21 @@ def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
     assert record_of(result).runners_up[0] == ("cublas", 0.225)
     result.cublas_ms = 0.21
     assert record_of(result).config == "cublas"
+
+
+@pytest.mark.parametrize("arch", [Arch.SM100, Arch.OTHER])
+def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(dispatcher, monkeypatch, arch):
+    """On an sm_100 GPU (no Blackwell kernel yet) every call goes to torch.matmul, as on any
+    GPU we have no kernel for; the arch is faked, the tensors stay on the CPU."""
+    import gemmtune.problem as problem_module
+
+    def on_gpu(t, name):
+        return Operand(tuple(t.shape), tuple(t.stride()), t.dtype, torch.device("cuda", 0), 0)
+
+    monkeypatch.setattr(problem_module.Operand, "of", staticmethod(on_gpu))
+    monkeypatch.setattr(problem_module, "arch_of", lambda index: arch)
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    for _ in range(2):
+        out = dispatcher(a, b, mode="tune")
+        torch.testing.assert_close(out, a @ b)
+    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []

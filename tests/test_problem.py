@@ -133,7 +133,12 @@ def test_bad_out_raises(out, out_dtype, exc, match):
         ({"a": op((64, 64)), "b": op((64, 0))}, "zero_size", "n=0"),
         ({"a": op((64, 0)), "b": op((0, 64))}, "zero_size", "k=0"),
         ({"a": op((0, 64, 64)), "b": op((0, 64, 64))}, "zero_size", "l=0"),
-        ({"a": op((64, 64)), "b": op((64, 64)), "arch": Arch.OTHER}, "arch", "sm_90 and sm_100"),
+        ({"a": op((64, 64)), "b": op((64, 64)), "arch": Arch.OTHER}, "arch", "run on sm_90 GPUs"),
+        (
+            {"a": op((64, 64)), "b": op((64, 64)), "arch": Arch.SM100},
+            "arch",
+            "no kernel for sm_100",
+        ),
         (
             {"a": op((64, 64), dtype=torch.float32), "b": op((64, 64), dtype=torch.float32)},
             "dtype",
@@ -155,7 +160,7 @@ def test_bad_out_raises(out, out_dtype, exc, match):
         ({"a": op((64, 60)), "b": op((60, 64))}, "alignment", "stride 60 along dim 0"),
         ({"a": op((64, 64)), "b": op((64, 20))}, "alignment", "b's stride 20"),
         ({"a": op((64, 64)), "b": op((64, 36))}, "alignment", "b's stride 36"),
-        ({"a": op((64, 64)), "b": col((64, 20))}, "alignment", "n=20"),
+        ({"a": op((64, 64)), "b": col((64, 20))}, "alignment", "out's stride 20"),
         ({"a": op((2, 64, 64)), "b": op((1, 64, 64))}, "broadcast", "2 against 1"),
         ({"a": op((2, 64, 64)), "b": op((64, 64))}, "broadcast", "3-D operand against a 2-D"),
     ],
@@ -174,13 +179,24 @@ def test_unaligned_rows_of_fp32_output_need_n_multiple_of_4():
     assert codes(p) == ["alignment"]
 
 
-def test_size_one_dimensions_ignore_their_stride():
-    # a (1, k) view taken from a wider matrix: its row stride is never used
+def test_size_one_dimensions_keep_their_strides_as_the_launcher_checks_them():
+    # a (1, k) view taken from a wider matrix: its row stride is aligned
     p = problem(op((1, 64), stride=(1000, 1)), op((64, 64)))
     assert p.supported and p.a_major == "k"
-    # a single column of b: n == 1, its column is trivially contiguous
-    p = problem(op((64, 64)), op((64, 1), stride=(1, 1)), out=op((64, 1), stride=(1, 1)))
-    assert p.b_major == "k"
+    # ... or not: the launcher rejects a stride of 1001 elements even along a size-1 dimension
+    assert codes(problem(op((1, 64), stride=(1001, 1)), op((64, 64)))) == ["alignment"]
+    # a single column of b is K-major, but its one-element row stride is not 16 bytes
+    p = problem(op((64, 64)), op((64, 1), stride=(1, 1)), out=op((64, 1), stride=(1, 8)))
+    assert p.b_major == "k" and codes(p) == ["alignment"]
+
+
+def test_a_narrow_product_of_a_sliced_matrix_falls_back():
+    """tuned_gemm(a, b) with a a 39x152 view of a wider buffer and b 152x1 reached the
+    launcher, which refused the output's row stride of one element."""
+    p = problem(op((39, 152), stride=(160, 1)), op((152, 1)))
+    assert codes(p) == ["alignment", "alignment"]  # b's one-element rows, and out's
+    assert any("out's stride 1 " in str(r) for r in p.fallback_reasons)
+    assert problem(op((39, 152), stride=(160, 1)), op((152, 8))).supported
 
 
 # --- the fallback itself computes the right answer ----------------------------------------------

@@ -35,7 +35,8 @@ import tvm_ffi  # noqa: F401  our kernels' launch runtime: loaded with gemmtune,
 from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key, current_environment
 from gemmtune.cache.results import ResultsCache, TunedRecord
 from gemmtune.config import CUBLAS, Decomposition, GemmConfig
-from gemmtune.problem import ALIGNMENT_BYTES, GemmProblem, fallback_matmul
+from gemmtune.dtypes import ALIGNMENT_BYTES
+from gemmtune.problem import GemmProblem, fallback_matmul
 
 log = logging.getLogger(__name__)
 

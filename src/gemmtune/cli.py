@@ -109,15 +109,15 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _problem_facts(problem) -> dict:
-    from gemmtune.problem import DTYPE_NAMES
+    from gemmtune.dtypes import label
 
     return {
         "m": problem.m,
         "n": problem.n,
         "k": problem.k,
         "l": problem.l if problem.batched else None,
-        "dtype": DTYPE_NAMES.get(problem.a_dtype, str(problem.a_dtype)),
-        "out_dtype": DTYPE_NAMES.get(problem.out_dtype, str(problem.out_dtype)),
+        "dtype": label(problem.a_dtype),
+        "out_dtype": label(problem.out_dtype),
         "layout": problem.layout,
         "out_major": problem.out_major,
     }

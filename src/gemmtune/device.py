@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class Arch(str, enum.Enum):
-    """The GPU architectures gemmtune has kernels for, and everything else."""
+    """The GPU architectures gemmtune knows, and everything else."""
 
     SM90 = "sm_90"
     SM100 = "sm_100"
@@ -34,6 +34,12 @@ class Arch(str, enum.Enum):
         if self is Arch.OTHER:
             raise ValueError("no gemmtune kernel targets this architecture")
         return self.value + "a"
+
+    @property
+    def has_kernels(self) -> bool:
+        """Whether a gemmtune kernel runs on this architecture (`kernels.build.KERNEL_MODULES`
+        names them; Blackwell's space is defined, its kernel not yet)."""
+        return self is Arch.SM90
 
     @classmethod
     def from_capability(cls, major: int, minor: int) -> Arch:

@@ -1,4 +1,4 @@
-"""The element types gemmtune names, in one table that imports nothing heavy.
+"""The element types gemmtune names and the alignment its kernels need, importing nothing heavy.
 
 Kernels, signatures, cache keys and the command line name types by short names ("bf16");
 tensors carry torch dtypes. This module maps between the two without importing torch at
@@ -17,6 +17,10 @@ _TABLE = {
     "fp32": ("float32", 4),
 }
 _BY_TORCH_NAME = {f"torch.{attr}": name for name, (attr, _) in _TABLE.items()}
+
+#: TMA's rule for every tensor a kernel reads or writes: a 16-byte aligned base address, and
+#: every stride but the contiguous one a multiple of 16 bytes.
+ALIGNMENT_BYTES = 16
 
 #: Input types our kernels multiply (A and B share one), and the output types they write.
 KERNEL_INPUTS = ("bf16", "fp16")

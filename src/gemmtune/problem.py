@@ -21,18 +21,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gemmtune import dtypes
 from gemmtune.device import Arch, arch_of, device_info
+from gemmtune.dtypes import ALIGNMENT_BYTES
 
 #: Input dtypes our kernels multiply (A and B must match), and the output dtypes they write.
-KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16)
-KERNEL_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+KERNEL_INPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_INPUTS))
+KERNEL_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_OUTPUTS))
 #: Floating dtypes torch.matmul multiplies on a GPU that we hand back to it.
 FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
-
-#: TMA needs 16-byte aligned base addresses and strides.
-ALIGNMENT_BYTES = 16
-
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 @dataclass(frozen=True)
@@ -83,12 +80,19 @@ class Operand:
     def element_size(self) -> int:
         return self.dtype.itemsize
 
-    def misalignment(self, name: str) -> str | None:
-        """Describe why this operand breaks TMA's 16-byte rules, or None when it keeps them."""
+    def misalignment(self, name: str, major: str) -> str | None:
+        """Why a kernel cannot take this operand laid out with its `major` ("row": a row is
+        contiguous, "col": a column is) as given, or None. TMA needs a 16-byte aligned base,
+        a contiguous stride of exactly 1, and every other stride a multiple of 16 bytes; the
+        launcher checks the strides as they are, those of dimensions of size 1 included."""
         if self.data_ptr % ALIGNMENT_BYTES:
             return f"{name}'s data pointer is not {ALIGNMENT_BYTES}-byte aligned"
-        for dim, (extent, stride) in enumerate(zip(self.shape, self.stride, strict=True)):
-            if extent > 1 and stride != 1 and (stride * self.element_size) % ALIGNMENT_BYTES:
+        contiguous = len(self.stride) - (1 if major == "row" else 2)
+        if self.stride[contiguous] != 1:
+            stride = self.stride[contiguous]
+            return f"{name}'s contiguous dimension {contiguous} has stride {stride}"
+        for dim, stride in enumerate(self.stride):
+            if dim != contiguous and (stride * self.element_size) % ALIGNMENT_BYTES:
                 return (
                     f"{name}'s stride {stride} along dim {dim} is {stride * self.element_size} "
                     f"bytes, not a multiple of {ALIGNMENT_BYTES}"
@@ -267,11 +271,11 @@ class GemmProblem:
 
         if arch is None:
             arch = arch_of(a.device.index or 0)
-        if arch is Arch.OTHER:
+        if not arch.has_kernels:
+            known = "" if arch is Arch.OTHER else f" (no kernel for {arch.value} yet)"
             reasons.append(
                 FallbackReason(
-                    "arch",
-                    f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 and sm_100 GPUs",
+                    "arch", f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 GPUs{known}"
                 )
             )
         if a.dtype not in KERNEL_INPUT_DTYPES:
@@ -281,31 +285,25 @@ class GemmProblem:
         if 0 in (m, n, k, l):
             reasons.append(FallbackReason("zero_size", f"empty problem m={m} n={n} k={k} l={l}"))
 
-        a_major = {"row": "k", "col": "m"}.get(_major_of(m, k, *a.stride[-2:]))
-        b_major = {"row": "n", "col": "k"}.get(_major_of(k, n, *b.stride[-2:]))
-        out_major = (
-            "n" if out is None else {"row": "n", "col": "m"}.get(_major_of(m, n, *out.stride[-2:]))
-        )
-        for name, major, op in (("a", a_major, a), ("b", b_major, b), ("out", out_major, out)):
-            if op is not None and major is None:
+        if out is None:  # tuned_gemm allocates it contiguous, at an aligned address
+            stride = (m * n, n, 1) if batched else (n, 1)
+            out = Operand(expected_shape, stride, out_dtype, a.device, 0)
+        majors = {
+            name: _major_of(rows, cols, *op.stride[-2:])
+            for name, op, rows, cols in (("a", a, m, k), ("b", b, k, n), ("out", out, m, n))
+        }
+        for name, op in (("a", a), ("b", b), ("out", out)):
+            if majors[name] is None:
                 reasons.append(
                     FallbackReason(
                         "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
                     )
                 )
-            why = op.misalignment(name) if op is not None else None
-            if why:
+            elif why := op.misalignment(name, majors[name]):
                 reasons.append(FallbackReason("alignment", why))
-        if out is None:
-            row_bytes = n * out_dtype.itemsize
-            if n > 1 and row_bytes % ALIGNMENT_BYTES:
-                reasons.append(
-                    FallbackReason(
-                        "alignment",
-                        f"an output row of n={n} {DTYPE_NAMES.get(out_dtype, out_dtype)} is "
-                        f"{row_bytes} bytes, not a multiple of {ALIGNMENT_BYTES}",
-                    )
-                )
+        a_major = {"row": "k", "col": "m"}.get(majors["a"])
+        b_major = {"row": "n", "col": "k"}.get(majors["b"])
+        out_major = {"row": "n", "col": "m"}.get(majors["out"])
 
         return cls(
             m=m,

@@ -60,9 +60,10 @@ def test_sm100_space_is_enumerable_on_the_cpu():
     assert all(c.cluster_m % 2 == 0 for c in configs if c.two_cta)
     assert max(c.cluster_m * c.cluster_n for c in configs) == 16
     assert {c.tma_store for c in configs} == {True, False}
-    p = problem(4096, 4096, 4096, arch=Arch.SM100)
-    assert len(candidates(p)) == len(candidates(p, Arch.SM100)) > 0
-    assert all(c.arch == "sm_100" for c in candidates(p))
+    on_sm90 = candidates(problem(4096, 4096, 4096), Arch.SM100)
+    assert on_sm90 and all(c.arch == "sm_100" for c in on_sm90)
+    # until a Blackwell kernel runs, an sm_100 GPU's problems go to torch.matmul
+    assert candidates(problem(4096, 4096, 4096, arch=Arch.SM100)) == []
 
 
 @pytest.mark.parametrize(

@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gemmtune import dtypes
 from gemmtune.config import GemmConfig, Raster
 from gemmtune.kernels.signature import KernelSignature
 
 log = logging.getLogger(__name__)
-
-ALIGN_BYTES = 16  # TMA's rule for base pointers and strides
 
 
 EXPORTED_FUNCTION = "gemm"
@@ -182,14 +181,15 @@ def fake_arguments(signature: KernelSignature) -> tuple:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    dtypes = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+    types = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
     m, n, k = (cute.sym_int64(symbol=s) for s in "mnk")
     l = cute.sym_int64(symbol="l")
-    ab = dtypes[signature.ab_dtype]
-    ab_align, out_align = ALIGN_BYTES // 2, ALIGN_BYTES // signature.out_bytes
+    ab = types[signature.ab_dtype]
+    ab_align = dtypes.ALIGNMENT_BYTES // dtypes.itemsize(signature.ab_dtype)
+    out_align = dtypes.ALIGNMENT_BYTES // signature.out_bytes
     a = _fake_operand(ab, m, k, l, signature.a_major == "m", signature.batched, ab_align)
     b = _fake_operand(ab, k, n, l, signature.b_major == "k", signature.batched, ab_align)
-    out_dtype = dtypes[signature.out_dtype]
+    out_dtype = types[signature.out_dtype]
     c = _fake_operand(out_dtype, m, n, l, signature.out_major == "m", signature.batched, out_align)
     workspace = make_fake_compact_tensor(
         cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
