@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_results
 
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import compile_gemm
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.verify import relative_error
 
 # (config key, m, n, k): a decode-sized projection, a tiny GEMM, a large one for scale
 CASES = (

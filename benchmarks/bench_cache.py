@@ -32,7 +32,7 @@ FIRST_CALL = """
 import cProfile, io, json, pstats, sys, time
 t0 = time.perf_counter()
 import torch, gemmtune
-from gemmtune.api import DISPATCHER, tuned_gemm
+from gemmtune.api.dispatch import DISPATCHER, tuned_gemm
 a = torch.randn({m}, {k}, device="cuda", dtype=torch.bfloat16)
 b = torch.randn({k}, {n}, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
@@ -83,10 +83,10 @@ def bucketing(folder: Path) -> list[dict]:
     """Inside one bucket: the bucket's winner, the bucket's choice for the shape (its measured
     configs re-ranked for that shape, what tuned_gemm serves) and an exact tune's winner, side
     by side."""
-    from gemmtune.api import Dispatcher, record_of
-    from gemmtune.config import CUBLAS
-    from gemmtune.problem import GemmProblem
-    from gemmtune.tuner import tune
+    from gemmtune.api.dispatch import Dispatcher, record_of
+    from gemmtune.core.config import CUBLAS
+    from gemmtune.core.problem import GemmProblem
+    from gemmtune.tuning.tuner import tune
 
     def problem(m: int, n: int, k: int) -> GemmProblem:
         a = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
@@ -170,7 +170,7 @@ def main() -> None:
         )
 
         os.environ["GEMMTUNE_CACHE_DIR"] = str(cache)
-        from gemmtune.api import DISPATCHER, tuned_gemm
+        from gemmtune.api.dispatch import DISPATCHER, tuned_gemm
 
         a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)

@@ -37,10 +37,10 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
 # The bar shapes of issue 3: the best of a sweep of 5-6 binaries per shape at four runtime

@@ -32,14 +32,14 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.timing import L2Flusher, time_side_by_side
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import GemmConfig
-from gemmtune.device import max_active_clusters
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, suggest_decomposition
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.measure.timing import L2Flusher, time_side_by_side
+from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
 SWEEP_TILE = GemmConfig(tile_m=128, tile_n=128, cluster_m=2)

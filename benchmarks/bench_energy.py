@@ -32,11 +32,11 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.timing import L2Flusher
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.timing import L2Flusher
+from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
 # the sustained and the do_bench picks of kernel-h200-2026-11-21.json (run 4)

@@ -39,12 +39,12 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.timing import L2Flusher, time_cuda, time_in_windows
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import Decomposition, GemmConfig, Raster
+from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.timing import L2Flusher, time_cuda, time_in_windows
+from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
 # Tile shapes that fill an SM's tensor cores without spilling, each with the cluster shapes

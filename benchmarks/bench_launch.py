@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_results
 
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import compile_gemm
 from gemmtune.kernels.launch import launch, launch_args
 from gemmtune.kernels.signature import KernelSignature

@@ -34,7 +34,7 @@ from common import (
     write_results,
 )
 
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 
 
 def quack_fixed_peer(spec: str) -> Peer:

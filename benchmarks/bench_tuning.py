@@ -27,9 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, load_shapes, write_results
 
-from gemmtune.config import GemmConfig
-from gemmtune.problem import GemmProblem
-from gemmtune.tuner import tune
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.problem import GemmProblem
+from gemmtune.tuning.tuner import tune
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ def timed_call(shape: dict) -> dict:
     """The first `tuned_gemm` of `shape` in this process, with what its tune reported."""
     import torch
 
-    from gemmtune import api
+    from gemmtune.api import dispatch as api
 
     tunes = []
 
@@ -95,7 +95,7 @@ def timed_call(shape: dict) -> dict:
 
 def helper_costs() -> None:
     """Start-up and compile costs of the helper processes, in this new process."""
-    from gemmtune.config import GemmConfig
+    from gemmtune.core.config import GemmConfig
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.workers.bench import BenchWorker
     from gemmtune.workers.compiler import CompileJob, CompilePool
@@ -143,7 +143,7 @@ def child(mode: str, shapes: list[dict]) -> None:
     elif mode == "cold":
         emit({**timed_call(shapes[0]), "phase": "cold"})
     elif mode == "warm":
-        from gemmtune import api
+        from gemmtune.api import dispatch as api
         from gemmtune.cache.results import ResultsCache
 
         timed_call(shapes[-1])  # this process has tuned before
@@ -154,7 +154,7 @@ def child(mode: str, shapes: list[dict]) -> None:
         for shape in shapes[:-1]:
             emit({**timed_call(shape), "phase": "cached-binaries"})
     elif mode == "concurrent":
-        from gemmtune import api
+        from gemmtune.api import dispatch as api
 
         row = timed_call(shapes[0])
         key = next(iter(api.DISPATCHER.results.items()))
@@ -221,9 +221,9 @@ def exhaustive_leaders(path: Path) -> dict[str, list[str]]:
 
 def against_exhaustive(row: dict, leaders: list[str]) -> None:
     """Time the cold tune's choice beside the exhaustive leaders (see the module docstring)."""
-    from gemmtune.config import CUBLAS, GemmConfig
-    from gemmtune.problem import GemmProblem
-    from gemmtune.tuner import tune
+    from gemmtune.core.config import CUBLAS, GemmConfig
+    from gemmtune.core.problem import GemmProblem
+    from gemmtune.tuning.tuner import tune
 
     a, b = operands(row["m"], row["n"], row["k"])
     problem = GemmProblem.from_tensors(a, b)

@@ -38,14 +38,14 @@ from common import (
     write_results,
 )
 
-from gemmtune.bench.timing import L2Flusher, time_cuda
-from gemmtune.bench.verify import relative_error
-from gemmtune.config import Decomposition, Raster
-from gemmtune.device import max_active_clusters
+from gemmtune.core.config import Decomposition, Raster
+from gemmtune.core.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.measure.timing import L2Flusher, time_cuda
+from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
 SPLITS = (2, 3, 4, 6, 8, 12, 16)

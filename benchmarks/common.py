@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 import gemmtune
-from gemmtune.bench.timing import L2Flusher
+from gemmtune.measure.timing import L2Flusher
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SHAPES = Path(gemmtune.__file__).resolve().parent / "bench" / "shapes.json"  # the shape suite
+SHAPES = Path(gemmtune.__file__).resolve().parent / "measure" / "shapes.json"  # the shape suite
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: relative Frobenius error against the float32 reference above which a contender is wrong
 TOLERANCE = 2e-2

@@ -29,10 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS
 
-from gemmtune.config import Decomposition, GemmConfig, Raster
-from gemmtune.device import Arch
+from gemmtune.core.config import Decomposition, GemmConfig, Raster
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div
-from gemmtune.problem import GemmProblem, Operand
 from gemmtune.space.ranking import DeviceModel, RankingModel, family
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "src/gemmtune/space/calibration_sm_90.json"

@@ -11,8 +11,8 @@ import logging
 
 import torch
 
-from gemmtune.api import DISPATCHER
-from gemmtune.problem import GemmProblem
+from gemmtune.api.dispatch import DISPATCHER
+from gemmtune.core.problem import GemmProblem
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 

@@ -9,7 +9,7 @@ import time
 import torch
 
 import gemmtune
-from gemmtune.api import DISPATCHER
+from gemmtune.api.dispatch import DISPATCHER
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 

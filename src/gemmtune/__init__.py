@@ -14,14 +14,14 @@ __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "tuned_gemm": "gemmtune.api",
-    "autotune": "gemmtune.autotune",
-    "GemmConfig": "gemmtune.config",
-    "GemmProblem": "gemmtune.problem",
-    "TunedLinear": "gemmtune.torch_ops",
-    "use_tuned_linear": "gemmtune.torch_ops",
-    "TuneResult": "gemmtune.tuner",
-    "tune": "gemmtune.tuner",
+    "tuned_gemm": "gemmtune.api.dispatch",
+    "autotune": "gemmtune.tuning.autotune",
+    "GemmConfig": "gemmtune.core.config",
+    "GemmProblem": "gemmtune.core.problem",
+    "TunedLinear": "gemmtune.api.torch_ops",
+    "use_tuned_linear": "gemmtune.api.torch_ops",
+    "TuneResult": "gemmtune.tuning.tuner",
+    "tune": "gemmtune.tuning.tuner",
     "start_workers": "gemmtune.workers",
 }
 
@@ -42,12 +42,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gemmtune.api import tuned_gemm
-    from gemmtune.autotune import autotune
-    from gemmtune.config import GemmConfig
-    from gemmtune.problem import GemmProblem
-    from gemmtune.torch_ops import TunedLinear, use_tuned_linear
-    from gemmtune.tuner import TuneResult, tune
+    from gemmtune.api.dispatch import tuned_gemm
+    from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear
+    from gemmtune.core.config import GemmConfig
+    from gemmtune.core.problem import GemmProblem
+    from gemmtune.tuning.autotune import autotune
+    from gemmtune.tuning.tuner import TuneResult, tune
     from gemmtune.workers import start as start_workers
 
 
@@ -78,4 +78,4 @@ if not _in_helper_process():
     # `torch.ops.gemmtune.*` exist from `import gemmtune` on, as users of a library's custom ops
     # expect (a compiled or exported model that calls them loads after the import). A helper
     # process never calls them, and a compile worker runs without torch at all.
-    from gemmtune import torch_ops  # noqa: F401
+    from gemmtune.api import torch_ops  # noqa: F401

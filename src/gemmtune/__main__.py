@@ -1,5 +1,5 @@
 import sys
 
-from gemmtune.cli import main
+from gemmtune.cli.main import main
 
 sys.exit(main())

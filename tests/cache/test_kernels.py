@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gemmtune.cache.kernels import KernelCache, fingerprint
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import artifact_name, artifact_suffix
 from gemmtune.kernels.signature import KernelSignature
 
@@ -50,7 +50,7 @@ def test_kernels_are_shared_libraries_that_load_without_the_dsl(tmp_path):
     KernelCache("sm_90a", tmp_path).get(CONFIG, SIGNATURE)
     code = (
         "import sys; from pathlib import Path; from gemmtune.cache.kernels import KernelCache;"
-        "from gemmtune.config import GemmConfig; from gemmtune.kernels.signature import "
+        "from gemmtune.core.config import GemmConfig; from gemmtune.kernels.signature import "
         "KernelSignature; c = KernelCache('sm_90a', Path(sys.argv[1]));"
         "c.get(GemmConfig(tile_m=128, tile_n=128), KernelSignature());"
         "print(c.loads, c.compiles, 'cutlass' in sys.modules)"

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 SCRIPT = """
 import json, sys, torch
 from gemmtune.cache.kernels import KernelCache
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.launch import launch
 from gemmtune.kernels.signature import KernelSignature
 

@@ -6,9 +6,9 @@ import torch
 
 from gemmtune.cache.buckets import BucketPolicy, Environment, bucket_key
 from gemmtune.cache.results import ResultsCache, TunedRecord
-from gemmtune.config import GemmConfig
-from gemmtune.device import Arch
-from gemmtune.problem import GemmProblem, Operand
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
 
 H200 = Environment("NVIDIA H200", 132, "0.1.0", "4.8.1")
 H100 = Environment("NVIDIA H100 80GB HBM3", 132, "0.1.0", "4.8.1")

@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-from gemmtune.api import Dispatcher
+from gemmtune.api.dispatch import Dispatcher
 from gemmtune.cache.buckets import Environment
 from gemmtune.cache.results import ResultsCache
-from gemmtune.config import GemmConfig
-from gemmtune.device import Arch
-from gemmtune.problem import GemmProblem
-from gemmtune.tuner import CandidateResult, TuneResult
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem
+from gemmtune.tuning.tuner import CandidateResult, TuneResult
 
 folder, tune_s = Path(sys.argv[1]), float(sys.argv[2])
 

@@ -1,4 +1,4 @@
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.launch import WorkspaceNeed, workspace_need
 
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from gemmtune.config import Decomposition, GemmConfig
+from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 from gemmtune.workers.compiler import CompileJob, CompilePool, inspect_all

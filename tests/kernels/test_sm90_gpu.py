@@ -5,8 +5,8 @@ b^T @ a^T), against a float32 reference."""
 import pytest
 import torch
 
-from gemmtune.config import GemmConfig
-from gemmtune.problem import GemmProblem
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.problem import GemmProblem
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 

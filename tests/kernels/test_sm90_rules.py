@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 

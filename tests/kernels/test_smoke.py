@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gemmtune import doctor
+from gemmtune.cli import doctor
 
 
 @pytest.mark.compile

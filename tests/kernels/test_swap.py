@@ -7,14 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from gemmtune.config import GemmConfig
-from gemmtune.device import Arch
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.build import CompiledGemm
 from gemmtune.kernels.launch import workspace_need
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules as sm90
-from gemmtune.problem import GemmProblem, Operand
 from gemmtune.space import binaries
 from gemmtune.space.ranking import RankingModel
 

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from gemmtune.config import Decomposition, GemmConfig, Raster
-from gemmtune.device import Arch
+from gemmtune.core.config import Decomposition, GemmConfig, Raster
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.sm90 import rules as sm90
 from gemmtune.kernels.sm100 import rules as sm100
-from gemmtune.problem import GemmProblem, Operand
 from gemmtune.space import binaries, candidates, runtime_variants
 
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from gemmtune.config import GemmConfig
-from gemmtune.device import Arch
-from gemmtune.problem import GemmProblem, Operand
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.space import candidates
 from gemmtune.space.ranking import (
     CLASS_MARGIN,

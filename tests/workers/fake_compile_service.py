@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import artifact_name
 from gemmtune.kernels.signature import KernelSignature
 

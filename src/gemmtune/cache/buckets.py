@@ -8,8 +8,8 @@ import functools
 import os
 from dataclasses import dataclass
 
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.problem import GemmProblem
 
 BUCKETS_ENV = "GEMMTUNE_BUCKETS"
 
@@ -77,7 +77,7 @@ def current_environment(device_index: int) -> Environment:
     import importlib.metadata as metadata
 
     import gemmtune
-    from gemmtune.device import device_info
+    from gemmtune.core.device import device_info
 
     info = device_info(device_index)
     dsl = metadata.version("nvidia-cutlass-dsl")

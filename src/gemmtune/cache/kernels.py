@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import gemmtune
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.settings import cache_dir
 from gemmtune.kernels.build import artifact_name
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.settings import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from gemmtune.config import GemmConfig
-from gemmtune.settings import cache_dir
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.settings import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gemmtune import dtypes
-from gemmtune.config import GemmConfig
+from gemmtune.core import dtypes
+from gemmtune.core.config import GemmConfig
 
 if TYPE_CHECKING:
-    from gemmtune.problem import GemmProblem
+    from gemmtune.core.problem import GemmProblem
 
 
 def serve_reason(

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemmtune import dtypes
-from gemmtune.config import GemmConfig, Raster
+from gemmtune.core import dtypes
+from gemmtune.core.config import GemmConfig, Raster
 from gemmtune.kernels.signature import KernelSignature
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class CompiledGemm:
 
 def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, int]:
     """The kernel arguments `config` adds to a launch: raster, swizzle, splits, grid limit."""
-    from gemmtune.device import max_active_clusters
+    from gemmtune.core.device import max_active_clusters
 
     along_n = int(config.raster is Raster.ALONG_N)
     clusters = max_active_clusters(config.cluster_m * config.cluster_n, device_index)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gemmtune.config import GemmConfig
+from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import CompiledGemm, runtime_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
 from gemmtune.kernels.sm90.rules import TILE_K

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gemmtune.config import GemmConfig
+    from gemmtune.core.config import GemmConfig
 
 
 def ceil_div(a: int, b: int) -> int:

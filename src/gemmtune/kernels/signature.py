@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gemmtune import dtypes
+from gemmtune.core import dtypes
 
 if TYPE_CHECKING:
-    from gemmtune.problem import GemmProblem
+    from gemmtune.core.problem import GemmProblem
 
 # In the transposed product out^T = b^T @ a^T, the major of the new A (from b's), of the new B
 # (from a's) and of the output: a contiguous K stays K, b's contiguous N is b^T's M, a's

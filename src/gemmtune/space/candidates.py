@@ -14,11 +14,11 @@ import dataclasses
 import logging
 from types import ModuleType
 
-from gemmtune.config import SWIZZLES, Decomposition, GemmConfig, Raster
-from gemmtune.device import Arch
+from gemmtune.core.config import SWIZZLES, Decomposition, GemmConfig, Raster
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.sm90 import rules as sm90_rules
 from gemmtune.kernels.sm100 import rules as sm100_rules
-from gemmtune.problem import GemmProblem
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
-from gemmtune.config import Decomposition, GemmConfig, Raster, Schedule
+from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
 from gemmtune.kernels.sm90.rules import TILE_K
-from gemmtune.problem import GemmProblem
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or

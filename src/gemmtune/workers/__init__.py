@@ -70,7 +70,7 @@ def start(device_index: int | None = None) -> None:
     first new bucket tunes. Nothing is started where no GPU our kernels serve is present."""
     import torch
 
-    from gemmtune.device import Arch, arch_of
+    from gemmtune.core.device import Arch, arch_of
 
     if not torch.cuda.is_available():
         return

@@ -21,12 +21,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from gemmtune.bench.runner import CompareJob, GemmRunner, Measurement, RunJob
+from gemmtune.measure.runner import CompareJob, GemmRunner, Measurement, RunJob
 from gemmtune.workers.process import HelperFailure, HelperProcess, load
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RUNNER = "gemmtune.bench.runner:GemmRunner"
+DEFAULT_RUNNER = "gemmtune.measure.runner:GemmRunner"
 SERVICE = "gemmtune.workers.bench:BenchService"
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemmtune.config import GemmConfig
-from gemmtune.files import write_atomically
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.files import write_atomically
 from gemmtune.kernels.build import artifact_name
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.workers.process import HelperProcess

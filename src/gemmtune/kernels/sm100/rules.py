@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gemmtune.config import Decomposition, GemmConfig, expand_families
+from gemmtune.core.config import Decomposition, GemmConfig, expand_families
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.sm90.rules import MIN_AB_STAGES, SMEM_CAPACITY, SMEM_RESERVED, TILE_K
 
 if TYPE_CHECKING:
-    from gemmtune.problem import GemmProblem
+    from gemmtune.core.problem import GemmProblem
 
 #: MMA tile M per CTA pair: 64 or 128 with one CTA, 128 or 256 across two (2-CTA instructions)
 TILE_M_ONE_CTA = (64, 128)

@@ -23,7 +23,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from gemmtune.config import Decomposition, GemmConfig, Schedule
+from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
 from gemmtune.kernels.reduction import (
     SharedTile,

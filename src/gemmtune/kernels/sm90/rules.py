@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gemmtune.config import Decomposition, GemmConfig, Schedule, expand_families
+from gemmtune.core.config import Decomposition, GemmConfig, Schedule, expand_families
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
 
 if TYPE_CHECKING:
-    from gemmtune.problem import GemmProblem
+    from gemmtune.core.problem import GemmProblem
 
 #: Shared memory one CTA may use on sm_90 (227 KB), `cutlass.utils.get_smem_capacity_in_bytes`.
 SMEM_CAPACITY = 232448

@@ -1,0 +1,2 @@
+"""The user's entry points: `tuned_gemm` and its dispatch (`dispatch`), the torch op and
+linear layers (`torch_ops`)."""

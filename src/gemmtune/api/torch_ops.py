@@ -1,0 +1,91 @@
+"""tuned_gemm inside torch: the custom op `gemmtune::mm`, and linear layers that use it.
+
+`torch.ops.gemmtune.mm(a, b, out_dtype=None)` is `tuned_gemm(a, b, out_dtype=...)` as an
+opaque op: `torch.compile` traces it through its fake implementation (shapes and dtypes only)
+and calls the real one at run time, so a compiled model keeps our kernels. Its gradient is two
+more `gemmtune::mm` calls (`grad @ b^T`, `a^T @ grad`: transposed views, which our kernels
+take as they are).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+@torch.library.custom_op("gemmtune::mm", mutates_args=())
+def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
+    if not (a.is_cuda and b.is_cuda):
+        out = torch.matmul(a, b)
+        return out if out_dtype is None else out.to(out_dtype)
+    from gemmtune.api.dispatch import (
+        tuned_gemm,  # the op is registered at `import gemmtune`, cheaply
+    )
+
+    return tuned_gemm(a, b, out_dtype=out_dtype)
+
+
+@mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise ValueError("gemmtune::mm takes 2-D or 3-D tensors")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return a.new_empty((*batch, a.shape[-2], b.shape[-1]), dtype=out_dtype or a.dtype)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, _ = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    a, b = ctx.saved_tensors
+    grad = grad.to(a.dtype)
+    grad_a = mm(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+    grad_b = None
+    if ctx.needs_input_grad[1]:
+        grad_b = mm(a.transpose(-1, -2), grad)
+        if b.dim() == 2 and grad_b.dim() == 3:  # b was broadcast over the batch
+            grad_b = grad_b.sum(0)
+    return grad_a, grad_b, None
+
+
+mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+class TunedLinear(nn.Module):
+    """An `nn.Linear` whose product runs through `gemmtune::mm`; it shares the original
+    layer's parameters (the state dict is unchanged)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = mm(rows, self.weight.t())
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, tuned"
+
+
+def use_tuned_linear(model: nn.Module) -> int:
+    """Swap every `nn.Linear` inside `model` for a `TunedLinear` (in place, parameters shared);
+    returns how many were swapped. Products our kernels do not serve (a GPU or dtype they do
+    not run on) still go to torch.matmul, inside tuned_gemm."""
+    swapped = 0
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, TunedLinear(child))
+            swapped += 1
+        else:
+            swapped += use_tuned_linear(child)
+    return swapped

@@ -1,1 +1,0 @@
-"""Timing and verification of GEMM candidates."""

@@ -1,0 +1,118 @@
+"""The public shape suite, run through tuned_gemm against cuBLAS (`gemmtune bench`).
+
+Each shape: `torch.randn` operands, one tuned_gemm call (which tunes its bucket in mode
+"tune"), a correctness check against a float32 reference, then tuned_gemm and torch.matmul
+timed on the same tensors, each alone in windows of about 100 ms taken in turn three times
+(`time_in_windows`: each at the clocks its own power allows), L2 flushed before every run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib.metadata as metadata
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from gemmtune.measure.timing import time_in_windows
+from gemmtune.measure.verify import check
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load_shape_suite(path: Path | str | None = None) -> list[dict]:
+    """The shape suite: `{"note": ..., "shapes": [{"name", "m", "n", "k"}, ...]}`, from `path`
+    or, by default, the one shipped with gemmtune (`gemmtune/bench/shapes.json`)."""
+    if path is None:
+        text = resources.files("gemmtune.measure").joinpath("shapes.json").read_text()
+    else:
+        text = Path(path).read_text()
+    data = json.loads(text)
+    shapes = data["shapes"] if isinstance(data, dict) else data
+    for i, shape in enumerate(shapes):
+        missing = {"m", "n", "k"} - set(shape)
+        if missing:
+            raise ValueError(f"shape {i} lacks {', '.join(sorted(missing))}")
+        shape.setdefault("name", f"{shape['m']}x{shape['n']}x{shape['k']}")
+    return shapes
+
+
+def plan_config(a, b, mode: str) -> str:
+    """The config tuned_gemm's plan for (a, b) uses: its key, or "cublas" for torch.matmul."""
+    from gemmtune.api.dispatch import DISPATCHER
+    from gemmtune.core.config import CUBLAS
+
+    plan = DISPATCHER.plan(a, b, mode=mode)
+    return CUBLAS if plan is None or plan.config is None else plan.config.key
+
+
+# as triton's do_bench and the baselines: long enough for the GPU's clocks to follow the kernel
+WINDOW_MS = 100.0
+
+
+def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flush) -> dict:
+    """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape."""
+    from gemmtune.api.dispatch import tuned_gemm
+
+    m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
+    dtype = DTYPES[dtype_name]
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
+    ok, err = check(tuned_gemm(a, b, mode=mode), torch.matmul(a.float(), b.float()))
+    config = plan_config(a, b, mode)
+    ours, cublas = time_in_windows(
+        [functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch.matmul, a, b)],
+        window_ms=WINDOW_MS,
+        max_runs=runs,
+        flush=flush,
+    )
+    flops = 2 * m * n * k
+    return {
+        "shape": shape["name"],
+        "m": m,
+        "n": n,
+        "k": k,
+        "l": 1,
+        "dtype": dtype_name,
+        "layout": "tn",
+        "config": config,
+        "ours_ms": ours.median_ms,
+        "cublas_ms": cublas.median_ms,
+        "ratio": cublas.median_ms / ours.median_ms,
+        "ours_tflops": flops / (ours.median_ms * 1e-3) / 1e12,
+        "cublas_tflops": flops / (cublas.median_ms * 1e-3) / 1e12,
+        "rel_err": err if math.isfinite(err) else None,
+        "correct": ok,
+        "mode": mode,
+    }
+
+
+def results_document(rows: list[dict], mode: str, runs: int, dtype_name: str) -> dict:
+    """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
+    import gemmtune
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "what": "kernel",
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "versions": {
+            "gemmtune": gemmtune.__version__,
+            "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "date": datetime.date.today().isoformat(),
+        "method": (
+            f"gemmtune bench --mode {mode}: tuned_gemm against torch.matmul, each alone in "
+            f"windows of ~{WINDOW_MS:.0f} ms (at most {runs} runs) taken in turn 3 times, 10 ms "
+            f"warm-up before each, CUDA events, L2 flushed before every run, median of all its "
+            f"runs; {dtype_name} torch.randn inputs"
+        ),
+        "rows": rows,
+    }

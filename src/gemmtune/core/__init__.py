@@ -1,0 +1,1 @@
+"""What every layer shares: the problem, the config, element types, the device, settings."""

@@ -1,0 +1,350 @@
+"""What is being multiplied: `GemmProblem`, and why a problem cannot be served by our kernels.
+
+Conventions. `out = a @ b` with `a` of shape (m, k) or (l, m, k) and `b` of shape (k, n) or
+(l, k, n). Our kernels see A as (M, K, L), B as (N, K, L) and the output as (M, N, L), so the
+*major* (contiguous) mode of each operand is named the way the kernels name it: A is "k"-major
+when a row of `a` is contiguous (row-major `a`), B is "n"-major when `b` is row-major and "k"-major
+when `b` is column-major, the output is "n"-major when row-major.
+
+Two kinds of trouble are kept apart:
+- a call that is wrong (mismatched shapes, CPU tensors, integer dtypes...) raises a clear
+  `ValueError` or `TypeError` naming the argument, exactly where torch.matmul would also fail or
+  where we refuse to guess;
+- a call that is legal but that our kernels do not serve (odd strides, misalignment, zero-size
+  dimensions, float32 inputs, another GPU) yields `FallbackReason`s; the caller then uses
+  `torch.matmul`, which gives the right answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gemmtune.core import dtypes
+from gemmtune.core.device import Arch, arch_of, device_info
+from gemmtune.core.dtypes import ALIGNMENT_BYTES
+
+#: Input dtypes our kernels multiply (A and B must match), and the output dtypes they write.
+KERNEL_INPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_INPUTS))
+KERNEL_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_OUTPUTS))
+#: Floating dtypes torch.matmul multiplies on a GPU that we hand back to it.
+FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class FallbackReason:
+    """Why our kernels cannot serve a legal problem. `code` is stable; `detail` is for people."""
+
+    code: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+def _major_of(rows: int, cols: int, row_stride: int, col_stride: int) -> str | None:
+    """ "row" if a row is contiguous, "col" if a column is, None if neither.
+
+    A dimension of size 1 has no meaningful stride, so a matrix with one row or one column is
+    contiguous along its other dimension whatever that dimension's stride is.
+    """
+    if cols > 1 and col_stride == 1 and (rows == 1 or row_stride >= cols):
+        return "row"
+    if rows > 1 and row_stride == 1 and (cols == 1 or col_stride >= rows):
+        return "col"
+    if cols <= 1:
+        return "row"
+    if rows <= 1:
+        return "col"
+    return None
+
+
+@dataclass(frozen=True)
+class Operand:
+    """The facts about one tensor that decide how it is multiplied (no reference to its data)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    data_ptr: int
+
+    @classmethod
+    def of(cls, t: object, name: str) -> Operand:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.data_ptr())
+
+    @property
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    def misalignment(self, name: str, major: str) -> str | None:
+        """Why a kernel cannot take this operand laid out with its `major` ("row": a row is
+        contiguous, "col": a column is) as given, or None. TMA needs a 16-byte aligned base,
+        a contiguous stride of exactly 1, and every other stride a multiple of 16 bytes; the
+        launcher checks the strides as they are, those of dimensions of size 1 included."""
+        if self.data_ptr % ALIGNMENT_BYTES:
+            return f"{name}'s data pointer is not {ALIGNMENT_BYTES}-byte aligned"
+        contiguous = len(self.stride) - (1 if major == "row" else 2)
+        if self.stride[contiguous] != 1:
+            stride = self.stride[contiguous]
+            return f"{name}'s contiguous dimension {contiguous} has stride {stride}"
+        for dim, stride in enumerate(self.stride):
+            if dim != contiguous and (stride * self.element_size) % ALIGNMENT_BYTES:
+                return (
+                    f"{name}'s stride {stride} along dim {dim} is {stride * self.element_size} "
+                    f"bytes, not a multiple of {ALIGNMENT_BYTES}"
+                )
+        return None
+
+    def check(self, name: str) -> None:
+        """Raise for an operand no GEMM can take."""
+        if len(self.shape) not in (2, 3):
+            raise ValueError(
+                f"{name} must be 2-D or 3-D (a batch of matrices), got {len(self.shape)}-D with "
+                f"shape {self.shape}"
+            )
+        if self.device.type != "cuda":
+            raise ValueError(f"{name} is on {self.device}; gemmtune multiplies CUDA tensors")
+        if self.dtype not in KERNEL_INPUT_DTYPES + FALLBACK_INPUT_DTYPES:
+            raise TypeError(
+                f"{name} has dtype {self.dtype}; gemmtune multiplies floating-point tensors "
+                "(bfloat16 and float16 on its kernels, float32 and float64 through torch.matmul)"
+            )
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One `out = a @ b`: sizes, dtypes, layouts and device, and whether our kernels serve it."""
+
+    m: int
+    n: int
+    k: int
+    l: int
+    a_dtype: torch.dtype
+    b_dtype: torch.dtype
+    out_dtype: torch.dtype
+    a_major: str | None  # "k" | "m" | None
+    b_major: str | None  # "k" | "n" | None
+    out_major: str | None  # "n" | "m" | None
+    batched: bool
+    device: torch.device
+    arch: Arch
+    fallback_reasons: tuple[FallbackReason, ...] = field(default=())
+
+    @property
+    def supported(self) -> bool:
+        """True when one of our kernels can compute this problem."""
+        return not self.fallback_reasons
+
+    @property
+    def fallback_reason(self) -> FallbackReason | None:
+        """The first reason to fall back to torch.matmul, or None when we serve the problem."""
+        return self.fallback_reasons[0] if self.fallback_reasons else None
+
+    @property
+    def layout(self) -> str:
+        """BLAS-style layout name, A then B, "t" meaning K-major: row-major a @ b is "tn"."""
+        a = "t" if self.a_major == "k" else "n"
+        b = "t" if self.b_major == "k" else "n"
+        return a + b
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.l
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.l, self.m, self.n) if self.batched else (self.m, self.n)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> GemmProblem:
+        """Describe `a @ b` (written into `out` when given); raise for calls that are wrong."""
+        return cls.from_operands(
+            Operand.of(a, "a"),
+            Operand.of(b, "b"),
+            None if out is None else Operand.of(out, "out"),
+            out_dtype,
+        )
+
+    @classmethod
+    def of_shape(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        l: int | None = None,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
+        layout: str = "tn",
+        out_major: str = "n",
+        device: torch.device | int | str = "cuda",
+        arch: Arch | None = None,
+    ) -> GemmProblem:
+        """The problem of `a @ b` for dense tensors of these sizes, without the tensors (to tune
+        ahead of time): `layout` names A then B, "t" for K-major (row-major a @ b is "tn"),
+        `out_major` "n" for a row-major output; `l` makes it a batch of `l` products."""
+        if len(layout) != 2 or set(layout) - {"t", "n"}:
+            raise ValueError(f"layout {layout!r}: use tn, nn, nt or tt (A then B, t = K-major)")
+        if out_major not in ("n", "m"):
+            raise ValueError(f"out_major {out_major!r}: use n (row-major) or m (column-major)")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device() if arch is None else 0)
+        lead = () if l is None else (l,)
+
+        def operand(rows: int, cols: int, rows_contiguous: bool, dt: torch.dtype) -> Operand:
+            stride = (1, rows) if rows_contiguous else (cols, 1)
+            batch = (rows * cols,) if lead else ()
+            return Operand((*lead, rows, cols), (*batch, *stride), dt, device, 1 << 20)
+
+        a = operand(m, k, layout[0] == "n", dtype)
+        b = operand(k, n, layout[1] == "t", dtype)
+        out = operand(m, n, out_major == "m", out_dtype or dtype)
+        return cls.from_operands(a, b, out, arch=arch)
+
+    @classmethod
+    def from_operands(
+        cls,
+        a: Operand,
+        b: Operand,
+        out: Operand | None = None,
+        out_dtype: torch.dtype | None = None,
+        arch: Arch | None = None,
+    ) -> GemmProblem:
+        """`from_tensors` on tensor descriptions; `arch` overrides the device's (for tests)."""
+        a.check("a")
+        b.check("b")
+        if a.device != b.device:
+            raise ValueError(f"a is on {a.device} but b is on {b.device}; they must share a GPU")
+        if a.dtype != b.dtype:
+            raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; they must match")
+        k = a.shape[-1]
+        if b.shape[-2] != k:
+            raise ValueError(
+                f"inner dimensions differ: a has shape {a.shape} (k={k}) but b has shape "
+                f"{b.shape} (k={b.shape[-2]})"
+            )
+        m, n = a.shape[-2], b.shape[-1]
+        reasons: list[FallbackReason] = []
+
+        batched = len(a.shape) == 3 or len(b.shape) == 3
+        la = a.shape[0] if len(a.shape) == 3 else None
+        lb = b.shape[0] if len(b.shape) == 3 else None
+        if la is not None and lb is not None and la != lb:
+            if 1 not in (la, lb):
+                raise ValueError(f"batch sizes differ: a has {la} matrices, b has {lb}")
+            reasons.append(FallbackReason("broadcast", f"batch broadcast {la} against {lb}"))
+        elif (la is None) != (lb is None):
+            reasons.append(
+                FallbackReason("broadcast", "a 3-D operand against a 2-D one broadcasts the batch")
+            )
+        # broadcasting a batch of one against a batch of any size, zero included, gives that size
+        l = next((x for x in (la, lb) if x is not None and x != 1), 1)
+
+        all_output_dtypes = KERNEL_OUTPUT_DTYPES + FALLBACK_INPUT_DTYPES
+        if out_dtype is not None and out_dtype not in all_output_dtypes:
+            raise TypeError(
+                f"out_dtype {out_dtype} is not supported; use bfloat16, float16 or float32"
+            )
+        expected_shape = (l, m, n) if batched else (m, n)
+        if out is not None:
+            if out.shape != expected_shape:
+                raise ValueError(f"out has shape {out.shape}, expected {expected_shape} for a @ b")
+            if out.device != a.device:
+                raise ValueError(f"out is on {out.device} but a and b are on {a.device}")
+            if out_dtype is not None and out.dtype != out_dtype:
+                raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+            if out.dtype not in all_output_dtypes:
+                raise TypeError(f"out has dtype {out.dtype}; use bfloat16, float16 or float32")
+            out_dtype = out.dtype
+        out_dtype = out_dtype or a.dtype
+
+        if arch is None:
+            arch = arch_of(a.device.index or 0)
+        if not arch.has_kernels:
+            known = "" if arch is Arch.OTHER else f" (no kernel for {arch.value} yet)"
+            reasons.append(
+                FallbackReason(
+                    "arch", f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 GPUs{known}"
+                )
+            )
+        if a.dtype not in KERNEL_INPUT_DTYPES:
+            reasons.append(FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16/fp16"))
+        if out_dtype not in KERNEL_OUTPUT_DTYPES:
+            reasons.append(FallbackReason("dtype", f"kernels do not write {out_dtype} output"))
+        if 0 in (m, n, k, l):
+            reasons.append(FallbackReason("zero_size", f"empty problem m={m} n={n} k={k} l={l}"))
+
+        if out is None:  # tuned_gemm allocates it contiguous, at an aligned address
+            stride = (m * n, n, 1) if batched else (n, 1)
+            out = Operand(expected_shape, stride, out_dtype, a.device, 0)
+        majors = {
+            name: _major_of(rows, cols, *op.stride[-2:])
+            for name, op, rows, cols in (("a", a, m, k), ("b", b, k, n), ("out", out, m, n))
+        }
+        for name, op in (("a", a), ("b", b), ("out", out)):
+            if majors[name] is None:
+                reasons.append(
+                    FallbackReason(
+                        "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
+                    )
+                )
+            elif why := op.misalignment(name, majors[name]):
+                reasons.append(FallbackReason("alignment", why))
+        a_major = {"row": "k", "col": "m"}.get(majors["a"])
+        b_major = {"row": "n", "col": "k"}.get(majors["b"])
+        out_major = {"row": "n", "col": "m"}.get(majors["out"])
+
+        return cls(
+            m=m,
+            n=n,
+            k=k,
+            l=l,
+            a_dtype=a.dtype,
+            b_dtype=b.dtype,
+            out_dtype=out_dtype,
+            a_major=a_major,
+            b_major=b_major,
+            out_major=out_major,
+            batched=batched,
+            device=a.device,
+            arch=arch,
+            fallback_reasons=tuple(reasons),
+        )
+
+
+def _gpu_label(device: torch.device) -> str:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return str(device)
+    info = device_info(device.index or 0)
+    return f"{info.name} ({info.sm_label})"
+
+
+def fallback_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included)."""
+    result = torch.matmul(a, b)
+    want = out.dtype if out is not None else (out_dtype or a.dtype)
+    if result.dtype != want:
+        # torch.matmul accumulates in fp32 and rounds to the input dtype; a wider output should
+        # not inherit that rounding, so recompute in the output's precision.
+        wide = torch.promote_types(want, torch.float32)
+        result = torch.matmul(a.to(wide), b.to(wide)).to(want)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out

@@ -1,0 +1,1 @@
+"""Measuring candidates honestly: timing, verification, and what a benchmark worker runs."""

@@ -1,0 +1,176 @@
+"""What a benchmark worker runs: one problem's tensors, and candidate kernels timed on them.
+
+A `GemmRunner` lives in the worker process (`worker.py`). It builds the problem's inputs once,
+from `torch.randn` with a fixed seed, so every candidate multiplies the same tensors, and the
+float32 reference; then, per candidate, it loads the compiled kernel, poisons the output with
+NaN, runs it, checks the result and only then times it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gemmtune.core.config import CUBLAS, GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
+from gemmtune.measure.verify import check
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """A problem to build in the worker: sizes, signature, device, seed."""
+
+    m: int
+    n: int
+    k: int
+    l: int
+    signature: KernelSignature
+    device_index: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """Verify, then time `config`, whose binary is the object file at `kernel_path`."""
+
+    config_json: str
+    kernel_path: str
+    warmup_ms: float = 10.0
+    runs: int = 10
+    graph: bool = False  # time replays of a CUDA graph
+    kind: str = "measure"
+
+
+@dataclass(frozen=True)
+class CompareJob:
+    """Time several verified configs each alone, in windows taken in turn (`time_in_windows`):
+    the fair way to decide between close finalists, each at the clocks its own power allows,
+    as a caller runs it. A config named `CUBLAS` (with any kernel path) is torch.matmul, run
+    as a caller without `out` would."""
+
+    configs_json: tuple[str, ...]
+    kernel_paths: tuple[str, ...]
+    window_ms: float = 30.0
+    rounds: int = 3
+    graph: bool = False
+    #: A window of a kernel of a few microseconds is bound by the host's launches, not the
+    #: GPU: its runs are capped so that it lasts milliseconds, not a tenth of a second.
+    max_runs: int = 200
+    kind: str = "compare"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A candidate's median time, or why it has none."""
+
+    config_key: str
+    ms: float | None
+    spread: float = 0.0
+    rel_err: float = math.nan
+    error: str | None = None
+
+
+def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random a, b and an output with the majors and dtypes of `spec.signature`."""
+    sig = spec.signature
+    gen = torch.Generator(device=f"cuda:{spec.device_index}").manual_seed(spec.seed)
+    lead = (spec.l,) if sig.batched else ()
+    device = torch.device("cuda", spec.device_index)
+
+    def rand(rows: int, cols: int, column_major: bool) -> torch.Tensor:
+        shape = (*lead, cols, rows) if column_major else (*lead, rows, cols)
+        t = torch.randn(shape, device=device, dtype=sig.ab_torch_dtype, generator=gen)
+        return t.transpose(-1, -2) if column_major else t
+
+    a = rand(spec.m, spec.k, sig.a_major == "m")
+    b = rand(spec.k, spec.n, sig.b_major == "k")
+    out_shape = (*lead, spec.n, spec.m) if sig.out_major == "m" else (*lead, spec.m, spec.n)
+    out = torch.empty(out_shape, device=device, dtype=sig.out_torch_dtype)
+    return a, b, out.transpose(-1, -2) if sig.out_major == "m" else out
+
+
+class GemmRunner:
+    """The worker-side state of one tuning run."""
+
+    def __init__(self, spec: ProblemSpec):
+        torch.cuda.set_device(spec.device_index)
+        self.spec = spec
+        self.a, self.b, self.out = make_operands(spec)
+        self.reference = torch.matmul(self.a.float(), self.b.float())
+        self.flush = L2Flusher(spec.device_index)
+        self.kernels: dict[str, object] = {}
+        self.idle = IdleWarmup()
+        self.idle.warm(self._cublas)  # the first kernels are still compiling
+
+    def _kernel(self, path: str, config: GemmConfig):
+        from gemmtune.kernels.build import load_gemm
+
+        if path not in self.kernels:
+            self.kernels[path] = load_gemm(path, config, self.spec.signature)
+        return self.kernels[path]
+
+    def _launcher(self, config: GemmConfig, kernel_path: str):
+        from gemmtune.kernels.launch import launch_args
+
+        kernel = self._kernel(kernel_path, config)
+        s = self.spec
+        args = launch_args(config, self.a.device, s.m, s.n, s.k, s.l)
+
+        def run() -> None:
+            kernel(self.a, self.b, self.out, *args)
+
+        return run
+
+    def _cublas(self) -> None:
+        torch.matmul(self.a, self.b)
+
+    def compare(self, job: CompareJob) -> list[Measurement]:
+        keys, runs = [], []
+        for text, path in zip(job.configs_json, job.kernel_paths, strict=True):
+            if text == CUBLAS:
+                keys.append(CUBLAS)
+                runs.append(self._cublas)
+            else:
+                config = GemmConfig.from_json(text)
+                keys.append(config.key)
+                runs.append(self._launcher(config, path))
+        timings = time_in_windows(
+            runs,
+            window_ms=job.window_ms,
+            rounds=job.rounds,
+            max_runs=job.max_runs,
+            flush=self.flush,
+            graph=job.graph,
+        )
+        self.idle.timed()
+        return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]
+
+    def measure(self, job: RunJob) -> Measurement:
+        config = GemmConfig.from_json(job.config_json)
+        run = self._launcher(config, job.kernel_path)
+        self.out.fill_(math.nan)
+        run()
+        torch.cuda.synchronize()
+        ok, err = check(self.out, self.reference)
+        if not ok:
+            return Measurement(
+                config.key, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
+            )
+        timing = time_cuda(
+            run,
+            warmup_ms=self.idle.warmup_ms(job.warmup_ms),
+            runs=job.runs,
+            flush=self.flush,
+            graph=job.graph,
+        )
+        self.idle.timed()
+        return Measurement(config.key, timing.median_ms, timing.spread, err)
+
+    @staticmethod
+    def poisoned(error: BaseException) -> bool:
+        """True when `error` leaves the CUDA context unusable (a fault): restart the worker."""
+        text = str(error)
+        return "CUDA" in text or "cuda" in text or "illegal" in text

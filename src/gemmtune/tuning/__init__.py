@@ -1,0 +1,1 @@
+"""Tuning: `tune()` for our kernels, `@autotune` for users' own kernel wrappers."""

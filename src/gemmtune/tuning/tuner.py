@@ -1,0 +1,425 @@
+"""The tuner: from a problem to its fastest correct config.
+
+    space.candidates(problem)           every valid config
+    ranking model                       the top k by predicted time (or all: exhaustive)
+    compile workers                     their binaries, in parallel; none the kernel cache holds
+    benchmark worker                    ... while each finished one is verified, then timed
+    runtime sweep                       raster x swizzle on the best binary: launches only
+    final                               the close leaders again, each alone in windows in turn
+    -> TuneResult                       the best config, and what happened to every candidate
+
+The compile workers and the benchmark worker belong to the process (`gemmtune.workers`): the
+first tune starts them (their imports and the CUDA context overlap the ranking), later tunes
+find them ready. Compiling and timing overlap: the worker times each binary as soon as it is
+compiled. A candidate that fails to compile, computes a wrong result, faults or hangs is
+recorded as failed and never chosen; the caller's process is never at risk.
+
+Timed one after another, candidates meet different clocks as the GPU warms (5 % apart on a
+long, large GEMM), so the finalists are decided in windows taken in turn: each runs alone, at
+the clocks its own power allows at the cap, as the caller will run it (interleaving them run
+by run flatters the one that spends more energy per FLOP: `bench.timing.time_in_windows`).
+Only leaders within `FINAL_MARGIN` of the best first-pass time go to the final: a first-pass
+time after the idle warm-up lands within 3 % of its final.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from gemmtune.core.config import CUBLAS, SWIZZLES, GemmConfig, Raster
+from gemmtune.core.problem import GemmProblem
+from gemmtune.kernels.schedule_model import TileGrid
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.measure.runner import CompareJob, Measurement, ProblemSpec, RunJob
+from gemmtune.space import candidates
+from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
+from gemmtune.workers.bench import DEFAULT_RUNNER, BenchWorker
+from gemmtune.workers.compiler import CompileJob, CompileOutcome, compile_iter
+
+log = logging.getLogger(__name__)
+
+Compiler = Callable[[list[CompileJob], Path], Iterator[CompileOutcome]]
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """What became of one candidate: its time, or why it has none."""
+
+    config: GemmConfig
+    predicted_us: float | None
+    ms: float | None
+    rel_err: float | None = None
+    error: str | None = None
+    final_ms: float | None = None  # its time in the final (windows taken in turn)
+
+    @property
+    def ok(self) -> bool:
+        return self.ms is not None
+
+
+#: How much faster than torch.matmul our best kernel must be, in the final, to replace it. The
+#: final's windows and a later benchmark of the same pair differ by up to 1.5 % on an H200 at
+#: its power cap, so a smaller lead is a coin toss; losing it costs a caller less than running
+#: slower than the library they would have used.
+CUBLAS_MARGIN = 0.01
+#: How far behind the best first-pass time a config may be and still reach the final.
+FINAL_MARGIN = 0.03
+#: The swizzles the runtime sweep tries, at both raster orders: plain order (1) and bands of 8
+#: tiles (the first pass's). Neither wins everywhere: bands won 4 % on 4096x28672x4096 (the
+#: swapped 256x208 tile), plain order 10 % on 2048^3 and 2 % on 4096x4096x14336 (H200); bands
+#: of 4 and 8 time alike (within 0.1 %, steady use).
+SWEEP_SWIZZLES = (1, 8)
+
+
+@dataclass
+class TuneResult:
+    """The outcome of tuning one problem."""
+
+    problem: GemmProblem
+    best: GemmConfig | None
+    best_ms: float | None
+    reference_error: float | None
+    results: list[CandidateResult]
+    candidates: int
+    compiled: int
+    compile_s: float  # compile time summed over the workers
+    bench_s: float  # time spent verifying and timing
+    wall_s: float
+    kernel_paths: dict[str, Path] = field(default_factory=dict)
+    cublas_ms: float | None = None  # torch.matmul, in the final with the finalists
+    cached_binaries: int = 0  # binaries the kernel cache held (not compiled)
+    #: seconds from the start of the tune to each step: "ranked", "first_binary" (compiled),
+    #: "worker_ready", "first_pass" (every binary compiled and timed), "sweep", "final_start",
+    #: "final"
+    timeline: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        """What won: "gemmtune" (`best`), or "cublas" where torch.matmul ran in the final and
+        our best did not beat it by `CUBLAS_MARGIN`."""
+        if self.cublas_ms is None:
+            return "gemmtune"
+        if self.best_ms is None or self.best_ms > self.cublas_ms * (1 - CUBLAS_MARGIN):
+            return CUBLAS
+        return "gemmtune"
+
+    @property
+    def best_tflops(self) -> float | None:
+        if self.best_ms is None:
+            return None
+        return self.problem.flops / (self.best_ms * 1e-3) / 1e12
+
+    @property
+    def failures(self) -> list[CandidateResult]:
+        return [r for r in self.results if not r.ok]
+
+
+def _problem_of(problem_or_a: GemmProblem | torch.Tensor, b: torch.Tensor | None) -> GemmProblem:
+    if isinstance(problem_or_a, GemmProblem):
+        return problem_or_a
+    if b is None:
+        raise TypeError("tune takes a GemmProblem, or the tensors a and b")
+    return GemmProblem.from_tensors(problem_or_a, b)
+
+
+def device_model_for(problem: GemmProblem) -> DeviceModel:
+    """The ranking model's view of the problem's GPU (measured on it when there is one)."""
+    if not torch.cuda.is_available():
+        return DeviceModel()
+    from gemmtune.core.device import device_info, max_active_clusters
+
+    index = problem.device.index or 0
+    info = device_info(index)
+    resident = {size: max_active_clusters(size, index) for size in (1, 2, 4)}
+    return DeviceModel.for_gpu(info.name, info.sm_count, resident)
+
+
+def order_matters(config: GemmConfig, problem: GemmProblem, device: DeviceModel) -> bool:
+    """Whether raster order and swizzle can change `config`'s time on `problem`: only when its
+    work takes more than one round of the resident clusters. In a single round every tile
+    runs at once, whatever order hands them out."""
+    resident = device.resident_clusters(config.cluster_m * config.cluster_n)
+    return TileGrid.of(config, problem.m, problem.n, problem.l).work_units > resident
+
+
+def _default_kernel_dir(problem: GemmProblem) -> Path:
+    from gemmtune.cache.kernels import KernelCache
+
+    return KernelCache(problem.arch.compile_target).folder
+
+
+def tune(
+    problem_or_a: GemmProblem | torch.Tensor,
+    b: torch.Tensor | None = None,
+    *,
+    top_k: int = 8,
+    exhaustive: bool = False,
+    sweep: int = 2,
+    finalists: int = 3,
+    warmup_ms: float = 10.0,
+    runs: int = 10,
+    final_window_ms: float = 30.0,
+    final_rounds: int = 3,
+    graph: bool = False,
+    kernel_dir: Path | str | None = None,
+    compiler: Compiler | None = None,
+    runner: str = DEFAULT_RUNNER,
+    model: RankingModel | None = None,
+    configs: list[GemmConfig] | None = None,
+    run_timeout_s: float = 60.0,
+    progress: bool = True,
+    cublas: bool = False,
+    final_margin: float = FINAL_MARGIN,
+) -> TuneResult:
+    """Find the fastest correct config for a problem (or for `a @ b`).
+
+    The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
+    `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
+    given), then the `sweep` best binaries within `final_margin` of the best are timed at
+    every raster order and at the `SWEEP_SWIZZLES` where the order can matter
+    (`order_matters`; each candidate: `warmup_ms`, longer after the GPU
+    sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so
+    that the GPU's clocks move little from one to the next), and at most `finalists` leaders
+    within `final_margin` of the best each alone in windows of `final_window_ms` taken in turn
+    `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
+    model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend` says
+    who won). Binaries are read from and written to `kernel_dir` (by default the kernel
+    cache's folder, so nothing it holds is compiled again). `compiler`, `runner` and `model`
+    are for tests and experiments.
+    """
+    from gemmtune import workers
+
+    start = time.perf_counter()
+    problem = _problem_of(problem_or_a, b)
+    if not problem.supported:
+        raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
+    # the helpers import torch and the DSL while the candidates are ranked; the benchmark
+    # worker, whose start is the longer, starts first
+    worker = workers.bench_worker(problem.device.index or 0)
+    worker.start()
+    pool = None if compiler else workers.compile_pool(problem.arch.compile_target)
+    if pool is not None:
+        pool.reserve(len(configs) if configs is not None else top_k)
+    with worker.lease(run_timeout_s=run_timeout_s):
+        spec = ProblemSpec(
+            problem.m,
+            problem.n,
+            problem.k,
+            problem.l,
+            KernelSignature.of(problem),
+            problem.device.index or 0,
+        )
+        setup = _Setup(worker, runner, spec)  # runs while the first kernels compile
+        tuning = _Tuning(problem, worker, setup, model, progress, start)
+        chosen = tuning.choose(configs, exhaustive, top_k)
+        out_dir = Path(kernel_dir) if kernel_dir is not None else _default_kernel_dir(problem)
+        if compiler is None:
+            outcomes = compile_iter(tuning.jobs(chosen), out_dir, pool)
+        else:
+            outcomes = compiler(tuning.jobs(chosen), out_dir)
+        try:
+            timing = RunJob("", "", warmup_ms, runs, graph)
+            tuning.first_pass(outcomes, timing)
+            tuning.sweep(sweep, final_margin, timing)
+            final = CompareJob((), (), final_window_ms, final_rounds, graph)
+            tuning.final(finalists, final_margin, cublas, final)
+        finally:
+            tuning.bar.close()
+            setup.thread.join()
+    return tuning.result(time.perf_counter() - start)
+
+
+class _Setup:
+    """The runner's set-up (worker start, inputs, reference) in a thread of its own."""
+
+    def __init__(self, worker: BenchWorker, runner: str, spec: ProblemSpec):
+        self.error: BaseException | None = None
+
+        def set_up() -> None:
+            try:
+                worker.setup(runner, spec)
+            except BaseException as exc:  # re-raised in the caller's thread by `wait`
+                self.error = exc
+
+        self.thread = threading.Thread(target=set_up, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+class _Tuning:
+    """One tune's state between its phases."""
+
+    def __init__(
+        self,
+        problem: GemmProblem,
+        worker: BenchWorker,
+        setup: _Setup,
+        model: RankingModel | None,
+        progress: bool,
+        start: float,
+    ):
+        self.problem = problem
+        self.start = start
+        self.timeline: dict[str, float] = {}
+        self.worker = worker
+        self.setup = setup
+        self.device = device_model_for(problem) if model is None else model.device
+        self.model = model or RankingModel(self.device)
+        self.results: list[CandidateResult] = []
+        self.groups: dict[str, list[GemmConfig]] = {}  # configs by binary
+        self.paths: dict[str, Path] = {}
+        self.predicted: dict[str, float] = {}
+        self.space_size = 0
+        self.compiled = self.cached = 0
+        self.compile_s = self.bench_s = 0.0
+        self.cublas_ms: float | None = None
+        self.bar = tqdm(total=0, disable=not progress, desc="gemmtune tune", unit="cfg")
+
+    def mark(self, step: str) -> None:
+        self.timeline.setdefault(step, round(time.perf_counter() - self.start, 3))
+
+    def choose(
+        self, configs: list[GemmConfig] | None, exhaustive: bool, top_k: int
+    ) -> list[GemmConfig]:
+        space = candidates(self.problem, orders=False)
+        self.space_size = len(space) * len(Raster) * len(SWIZZLES)
+        if configs is not None:
+            chosen = list(configs)
+        else:
+            picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
+            chosen = [in_first_order(c) for c in picked]
+        self.predicted = {c.key: self.model.predict_us(self.problem, c) for c in chosen}
+        self.bar.total = len(chosen)
+        self.mark("ranked")
+        return chosen
+
+    def jobs(self, chosen: list[GemmConfig]) -> list[CompileJob]:
+        for config in chosen:
+            self.groups.setdefault(config.compile_key, []).append(config)
+        signature = KernelSignature.of(self.problem)
+        jobs = [CompileJob(group[0], signature) for group in self.groups.values()]
+        p = self.problem
+        log.info(
+            "tuning %dx%dx%dx%d %s: %d candidates, timing %d on %d binaries",
+            *(p.m, p.n, p.k, p.l),
+            signature.key,
+            self.space_size,
+            len(chosen),
+            len(jobs),
+        )
+        return jobs
+
+    def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
+        t0 = time.perf_counter()
+        job = dataclasses.replace(
+            options, config_json=config.to_json(), kernel_path=str(self.paths[config.compile_key])
+        )
+        m = self.worker.measure(job, config.key)
+        self.bench_s += time.perf_counter() - t0
+        self.bar.update(1)
+        return _result(config, self.predicted.get(config.key), m)
+
+    def first_pass(self, outcomes: Iterator[CompileOutcome], options: RunJob) -> None:
+        """Each binary's configs, verified and timed as soon as it is compiled."""
+        for outcome in outcomes:
+            self.mark("first_binary")
+            self.compile_s += outcome.compile_s
+            group = self.groups[outcome.job.config.compile_key]
+            if outcome.path is None:
+                for config in group:
+                    error = f"compile: {outcome.error}"
+                    self.results.append(
+                        CandidateResult(config, self.predicted[config.key], None, error=error)
+                    )
+                self.bar.update(len(group))
+                continue
+            self.cached += outcome.cached
+            self.compiled += not outcome.cached
+            self.paths[outcome.job.config.compile_key] = outcome.path
+            self.setup.wait()
+            self.mark("worker_ready")
+            self.results.extend(self._measure(config, options) for config in group)
+        self.mark("first_pass")
+
+    def sweep(self, binaries: int, margin: float, options: RunJob) -> None:
+        """The best `binaries` within `margin` of the best at every raster order and
+        `SWEEP_SWIZZLES`, where order can matter."""
+        timed = {r.config.key for r in self.results}
+        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
+        best = [r for r in ok[:binaries] if r.ms <= ok[0].ms * (1 + margin)]
+        variants = [
+            v
+            for r in best
+            if order_matters(r.config, self.problem, self.device)
+            for raster in Raster
+            for swizzle in SWEEP_SWIZZLES
+            if (v := r.config.with_runtime(raster=raster, swizzle=swizzle)).key not in timed
+        ]
+        self.bar.total += len(variants)
+        self.results.extend(self._measure(config, options) for config in variants)
+        self.mark("sweep")
+
+    def final(self, finalists: int, margin: float, cublas: bool, options: CompareJob) -> None:
+        """The leaders within `margin` of the best (and torch.matmul), each alone in windows
+        taken in turn."""
+        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
+        leaders = [r for r in ok[:finalists] if r.ms <= ok[0].ms * (1 + margin)]
+        if not (len(leaders) > 1 or (cublas and leaders)):
+            return
+        self.mark("final_start")
+        t0 = time.perf_counter()
+        extra = (CUBLAS,) if cublas else ()
+        job = dataclasses.replace(
+            options,
+            configs_json=tuple(r.config.to_json() for r in leaders) + extra,
+            kernel_paths=tuple(str(self.paths[r.config.compile_key]) for r in leaders) + extra,
+        )
+        final = self.worker.compare(job, [r.config.key for r in leaders] + list(extra))
+        self.bench_s += time.perf_counter() - t0
+        for r, m in zip(leaders, final, strict=False):
+            self.results[self.results.index(r)] = dataclasses.replace(r, final_ms=m.ms)
+        if cublas:
+            self.cublas_ms = final[-1].ms
+        self.mark("final")
+
+    def result(self, wall_s: float) -> TuneResult:
+        ok = [r for r in self.results if r.ok]
+        decided = [r for r in ok if r.final_ms is not None]
+        best = min(decided or ok, key=lambda r: r.final_ms if decided else r.ms) if ok else None
+        if best is None:
+            log.warning("no candidate of %d ran correctly", len(self.results))
+        return TuneResult(
+            problem=self.problem,
+            best=best.config if best else None,
+            best_ms=(best.final_ms or best.ms) if best else None,
+            reference_error=best.rel_err if best else None,
+            results=self.results,
+            candidates=self.space_size,
+            compiled=self.compiled,
+            compile_s=self.compile_s,
+            bench_s=self.bench_s,
+            wall_s=wall_s,
+            kernel_paths=self.paths,
+            cublas_ms=self.cublas_ms,
+            cached_binaries=self.cached,
+            timeline=self.timeline,
+        )
+
+
+def _result(config: GemmConfig, predicted: float | None, m: Measurement) -> CandidateResult:
+    if m.error:
+        log.info("%s failed: %s", config.key, m.error)
+    return CandidateResult(config, predicted, m.ms, m.rel_err, m.error)

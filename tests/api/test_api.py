@@ -1,0 +1,194 @@
+"""tuned_gemm's modes and caches on the CPU: problems described by Operands, a fake tuner."""
+
+import pytest
+import torch
+
+from gemmtune.api.dispatch import SWITCH_MARGIN, Dispatcher, resolve_mode, tuned_gemm
+from gemmtune.cache.buckets import Environment
+from gemmtune.cache.results import ResultsCache
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
+from gemmtune.space.ranking import FIRST_RASTER, FIRST_SWIZZLE
+from gemmtune.tuning.tuner import CandidateResult, TuneResult
+
+H200 = Environment("NVIDIA H200", 132, "0.1.0", "4.8.1")
+TUNED = GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_m=2)
+
+
+def problem(m, n, k):
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+
+class FakeTuner:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, p):
+        self.calls += 1
+        results = [
+            CandidateResult(TUNED, 1.0, 0.20, 1e-3, final_ms=0.21),
+            CandidateResult(GemmConfig(), 2.0, 0.30, 1e-3, final_ms=0.31),
+        ]
+        return TuneResult(p, TUNED, 0.21, 1e-3, results, 13824, 2, 1.0, 1.0, 3.0)
+
+
+@pytest.fixture
+def dispatcher(tmp_path):
+    return Dispatcher(
+        results=ResultsCache(tmp_path / "r.sqlite"), tuner=FakeTuner(), environment=lambda i: H200
+    )
+
+
+def test_tune_mode_tunes_once_per_bucket_then_hits(dispatcher):
+    assert dispatcher.config_for(problem(4000, 4000, 4000), "tune") == TUNED
+    assert dispatcher.config_for(problem(4096, 3000, 2100), "tune") == TUNED  # same bucket
+    assert dispatcher.tuner.calls == 1
+    ((key, record),) = dispatcher.results.items()
+    assert key.startswith("m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200")
+    assert (
+        record.config == TUNED.key and record.ms == 0.21 and record.shape == (4000, 4000, 4000, 1)
+    )
+    assert record.runners_up == ((GemmConfig().key, 0.31),)
+    # a new bucket tunes again
+    dispatcher.config_for(problem(4000, 4000, 8000), "tune")
+    assert dispatcher.tuner.calls == 2
+
+
+def test_cache_only_never_tunes(dispatcher):
+    first_choice = dispatcher.config_for(problem(4000, 4000, 4000), "cache-only")
+    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []
+    assert first_choice.compile_key  # the ranking model's first choice, run in bands
+    assert (first_choice.raster, first_choice.swizzle) == (FIRST_RASTER, FIRST_SWIZZLE)
+    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
+    assert dispatcher.config_for(problem(4000, 4000, 4000), "cache-only") == TUNED
+
+
+def test_heuristic_ignores_the_cache(dispatcher):
+    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
+    heuristic = dispatcher.config_for(problem(4000, 4000, 4000), "heuristic")
+    assert heuristic == Dispatcher._first_choice(problem(4000, 4000, 4000)) != TUNED
+    assert dispatcher.tuner.calls == 1
+
+
+def test_results_of_another_gpu_are_tuned_again(tmp_path):
+    results = ResultsCache(tmp_path / "r.sqlite")
+    tuner = FakeTuner()
+    h100 = Environment("NVIDIA H100 80GB HBM3", 132, "0.1.0", "4.8.1")
+    Dispatcher(results, tuner=tuner, environment=lambda i: h100).config_for(
+        problem(4000, 4000, 4000), "tune"
+    )
+    Dispatcher(results, tuner=tuner, environment=lambda i: H200).config_for(
+        problem(4000, 4000, 4000), "tune"
+    )
+    assert tuner.calls == 2 and len(results.items()) == 2
+
+
+def test_modes_come_from_the_argument_or_the_environment(monkeypatch):
+    monkeypatch.delenv("GEMMTUNE_MODE", raising=False)
+    assert resolve_mode(None) == "tune"
+    monkeypatch.setenv("GEMMTUNE_MODE", "cache-only")
+    assert resolve_mode(None) == "cache-only" and resolve_mode("off") == "off"
+    monkeypatch.setenv("GEMMTUNE_MODE", "fast")
+    with pytest.raises(ValueError, match="GEMMTUNE_MODE"):
+        resolve_mode(None)
+
+
+def test_off_is_torch_matmul_and_wrong_calls_raise():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(tuned_gemm(a, b, mode="off"), a @ b)
+    with pytest.raises(ValueError, match="a is on cpu"):
+        tuned_gemm(a, b, mode="tune")
+
+
+def record_of(measured, shape):
+    """A record as a tune of `shape` leaves it: `measured` (config key, ms), fastest first."""
+    from gemmtune.cache.results import TunedRecord
+
+    (best, ms), *rest = measured
+    return TunedRecord(best, ms, tuple(rest), shape=shape)
+
+
+def test_a_bucket_rechooses_among_its_measured_configs_for_each_shape():
+    """Tuned at 4096^3, a 256x128 tile won narrowly; at 3072x3072 the same tile leaves the
+    last wave 18% full (288 tiles on 132 SMs) and the model says a 128x128 tile gains more than
+    the measured 1%: that is the choice. At the tuned shape itself the measurement decides."""
+    from gemmtune.space.ranking import RankingModel
+    from gemmtune.tuning.tuner import device_model_for
+
+    big, small = GemmConfig(tile_m=256, tile_n=128), GemmConfig(tile_m=128, tile_n=128)
+    record = record_of([(big.key, 1.00), (small.key, 1.01)], (4096, 4096, 4096, 1))
+    model = RankingModel(device_model_for(problem(1, 1, 1)))
+    q, t = problem(3072, 3072, 4096), problem(4096, 4096, 4096)
+    # the premise: the model's ratio moves by more than the measured 1% and the margin
+    ratio_big = model.predict_us(q, big) / model.predict_us(t, big)
+    ratio_small = model.predict_us(q, small) / model.predict_us(t, small)
+    assert ratio_big > 1.01 * SWITCH_MARGIN * ratio_small
+    assert Dispatcher.for_shape(record, q) == small
+    assert Dispatcher.for_shape(record, t) == big
+    # a shape where the ratios hardly differ keeps the measured winner
+    near = problem(4032, 4096, 4096)
+    ratio_big = model.predict_us(near, big) / model.predict_us(t, big)
+    ratio_small = model.predict_us(near, small) / model.predict_us(t, small)
+    assert ratio_big < 1.01 * SWITCH_MARGIN * ratio_small
+    assert Dispatcher.for_shape(record, near) == big
+
+
+def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
+    from gemmtune.core.config import CUBLAS
+
+    class CublasWins(FakeTuner):
+        def __call__(self, p):
+            result = super().__call__(p)
+            result.cublas_ms = 0.1
+            return result
+
+    d = Dispatcher(
+        ResultsCache(tmp_path / "r.sqlite"), tuner=CublasWins(), environment=lambda i: H200
+    )
+    assert d.config_for(problem(4000, 4000, 4000), "tune") is None
+    ((_, record),) = d.results.items()
+    assert record.config == CUBLAS and record.runners_up[0] == (TUNED.key, 0.21)
+    assert d.config_for(problem(4000, 4000, 4000), "cache-only") is None
+
+
+def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
+    """Finalists are re-timed side by side over many runs, which on a warm GPU reads slower
+    than the short first timings: a non-finalist's first timing must not outrank them."""
+    from gemmtune.api.dispatch import record_of
+
+    fast_first = GemmConfig(tile_m=64, tile_n=64)
+    results = [
+        CandidateResult(TUNED, 1.0, 0.20, 1e-3, final_ms=0.22),
+        CandidateResult(GemmConfig(), 2.0, 0.21, 1e-3, final_ms=0.23),
+        CandidateResult(fast_first, 3.0, 0.19, 1e-3),  # not a finalist
+    ]
+    result = TuneResult(problem(4096, 4096, 4096), TUNED, 0.22, 1e-3, results, 100, 3, 1, 1, 3)
+    record = record_of(result)
+    assert record.config == TUNED.key and record.ms == 0.22
+    assert record.runners_up == ((GemmConfig().key, 0.23), (fast_first.key, 0.19))
+    result.cublas_ms = 0.225  # cuBLAS was timed beside the finalists: second here
+    assert record_of(result).runners_up[0] == ("cublas", 0.225)
+    result.cublas_ms = 0.21
+    assert record_of(result).config == "cublas"
+
+
+@pytest.mark.parametrize("arch", [Arch.SM100, Arch.OTHER])
+def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(dispatcher, monkeypatch, arch):
+    """On an sm_100 GPU (no Blackwell kernel yet) every call goes to torch.matmul, as on any
+    GPU we have no kernel for; the arch is faked, the tensors stay on the CPU."""
+    import gemmtune.core.problem as problem_module
+
+    def on_gpu(t, name):
+        return Operand(tuple(t.shape), tuple(t.stride()), t.dtype, torch.device("cuda", 0), 0)
+
+    monkeypatch.setattr(problem_module.Operand, "of", staticmethod(on_gpu))
+    monkeypatch.setattr(problem_module, "arch_of", lambda index: arch)
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    for _ in range(2):
+        out = dispatcher(a, b, mode="tune")
+        torch.testing.assert_close(out, a @ b)
+    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []

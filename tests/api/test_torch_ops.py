@@ -1,0 +1,47 @@
+"""gemmtune::mm and TunedLinear on the CPU, where the op computes with torch.matmul: the
+schema, the fake implementation, gradients, torch.compile, and the layer swap."""
+
+import pytest
+import torch
+from torch import nn
+
+import gemmtune
+from gemmtune.api.torch_ops import TunedLinear
+
+
+def test_the_op_passes_torch_checks():
+    for a, b in [((8, 16), (16, 4)), ((3, 8, 16), (3, 16, 4))]:
+        args = (torch.randn(a, requires_grad=True), torch.randn(b, requires_grad=True))
+        torch.library.opcheck(torch.ops.gemmtune.mm.default, args)
+
+
+def test_gradients_match_torch_matmul():
+    a = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(16, 4, dtype=torch.float64, requires_grad=True)  # broadcast over the batch
+    torch.autograd.gradcheck(lambda a, b: torch.ops.gemmtune.mm(a, b), (a, b))
+
+
+def test_fake_implementation_gives_shape_and_dtype():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = (
+            torch.empty(5, 8, 16, dtype=torch.bfloat16),
+            torch.empty(5, 16, 4, dtype=torch.bfloat16),
+        )
+        out = torch.ops.gemmtune.mm(a, b, out_dtype=torch.float32)
+        assert out.shape == (5, 8, 4) and out.dtype == torch.float32
+        with pytest.raises(ValueError, match="inner dimensions"):
+            torch.ops.gemmtune.mm(a, torch.empty(8, 4, dtype=torch.bfloat16))
+
+
+def test_linear_layers_are_swapped_in_place_and_compile():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Sequential(nn.Linear(32, 4, bias=False)))
+    x = torch.randn(2, 3, 16)
+    expected, keys = model(x), list(model.state_dict())
+    assert gemmtune.use_tuned_linear(model) == 2
+    assert isinstance(model[0], TunedLinear) and isinstance(model[2][0], TunedLinear)
+    assert list(model.state_dict()) == keys  # same parameters, same names
+    torch.testing.assert_close(model(x), expected)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), expected)

@@ -1,0 +1,361 @@
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmtune.api import dispatch as api
+from gemmtune.cache.results import ResultsCache, TunedRecord
+from gemmtune.cli.bench import load_shape_suite, plan_config
+from gemmtune.cli.main import main, parse_shape
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem
+from gemmtune.tuning.tuner import CandidateResult, TuneResult
+
+KEY = "m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200|132sm|gemmtune 0.1.0|dsl 4.8.1"
+CONFIG = "sm90_128x256_c2x1_coop_tma_dp_rm_s1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def fill(key: str = KEY, config: str = CONFIG, ms: float | None = 0.1234) -> TunedRecord:
+    record = TunedRecord(config, ms, tuned_at=1.7e9, how="tuned", shape=(4000, 4096, 4096, 1))
+    ResultsCache().store(key, record)
+    return record
+
+
+# -- help -----------------------------------------------------------------------------------------
+
+HELP = {
+    (): ["doctor", "tune", "show", "clear", "bench", "cache"],
+    ("doctor",): ["--json", "--compile"],
+    ("tune",): [
+        "--shape",
+        "MxNxK",
+        "--dtype",
+        "--out-dtype",
+        "--layout",
+        "--out-major",
+        "--top-k",
+        "--exhaustive",
+        "--no-cublas",
+        "--json",
+    ],
+    ("show",): ["--json"],
+    ("clear",): ["--kernels"],
+    ("bench",): ["--shapes", "--dtype", "--mode", "cache-only", "heuristic", "--runs", "--json"],
+    ("cache",): ["show", "clear", "export", "import", "--json"],
+}
+
+
+@pytest.mark.parametrize("command", list(HELP), ids=lambda c: " ".join(c) or "gemmtune")
+def test_help(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: gemmtune {' '.join(command)}".rstrip())
+    for word in HELP[command]:
+        assert word in out, word
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+
+
+# -- doctor ---------------------------------------------------------------------------------------
+
+
+def test_doctor_json(capsys, cache_dir):
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cache_dir"] == str(cache_dir) and report["dsl"]["nvidia_cutlass_dsl"]
+
+
+# -- show, clear, cache ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["show"], ["cache", "show"]])
+def test_show_empty(capsys, cache_dir, command):
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == f"0 results in {cache_dir / 'results.sqlite'}"
+
+
+@pytest.mark.parametrize("command", [["show"], ["cache", "show"]])
+def test_show_table(capsys, cache_dir, command):
+    fill()
+    fill("m128_n128_k128_2d|odd key", "cublas", None)
+    assert main(command) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert header[:3] == ["bucket", "signature", "GPU"] and header[-3:] == ["winner", "ms", "tuned"]
+    assert set(lines[1]) == {"-", " "}
+    # sorted by key; every row's cells start where the header's do
+    odd, tuned = lines[2], lines[3]
+    assert odd.split()[:2] == ["m128_n128_k128_2d", "odd"] and "cublas" in odd
+    cells = tuned.split("  ")
+    cells = [c.strip() for c in cells if c.strip()]
+    assert cells[:6] == [
+        "m4096_n4096_k4096_2d",
+        "bf16_bf16_ak_bn_on_2d",
+        "NVIDIA H200 (132sm)",
+        "4000x4096x4096",
+        CONFIG,
+        "0.1234",
+    ]
+    assert cells[6].startswith("20") and len(cells[6]) == len("2023-11-14 22:13")
+    assert tuned.index(CONFIG) == lines[0].index("winner")
+    assert lines[-1] == f"2 results in {cache_dir / 'results.sqlite'}"
+
+
+def test_show_json(capsys, cache_dir):
+    record = fill()
+    assert main(["show", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["key"] == KEY and row["bucket"] == "m4096_n4096_k4096_2d"
+    assert row["signature"] == "bf16_bf16_ak_bn_on_2d"
+    assert row["gpu"] == "NVIDIA H200" and row["sms"] == "132sm"
+    assert row["versions"] == ["gemmtune 0.1.0", "dsl 4.8.1"]
+    assert row["config"] == CONFIG and row["ms"] == 0.1234
+    assert row["shape"] == [4000, 4096, 4096, 1] and row["tuned_at"] == record.tuned_at
+
+
+@pytest.mark.parametrize("command", [["clear"], ["cache", "clear"]])
+def test_clear(capsys, cache_dir, command):
+    fill()
+    fill("m128_n128_k128_2d|x")
+    kernels = cache_dir / "kernels" / "sm_90a"
+    kernels.mkdir(parents=True)
+    (kernels / "k.so").write_bytes(b"x")
+    assert main(command) == 0
+    assert f"cleared 2 results from {cache_dir / 'results.sqlite'}" in capsys.readouterr().out
+    assert ResultsCache().items() == []
+    assert (kernels / "k.so").exists()  # without --kernels the compiled kernels stay
+
+
+@pytest.mark.parametrize("command", [["clear", "--kernels"], ["cache", "clear", "--kernels"]])
+def test_clear_kernels(capsys, cache_dir, command):
+    fill()
+    kernels = cache_dir / "kernels"
+    (kernels / "sm_90a").mkdir(parents=True)
+    (kernels / "sm_90a" / "a.so").write_bytes(b"x" * 10)
+    (kernels / "b.so").write_bytes(b"y")
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "removed 2 compiled-kernel files" in out and str(kernels) in out
+    assert "cleared 1 results" in out
+    assert not kernels.exists() and ResultsCache().items() == []
+    # again: nothing left, and no error
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert f"no compiled kernels at {kernels}" in out and "cleared 0 results" in out
+
+
+def test_cache_export_import_round_trip(capsys, cache_dir, tmp_path, monkeypatch):
+    record = fill()
+    fill("m128_n128_k128_2d|x", "cublas", 0.01)
+    export = tmp_path / "t.json"
+    assert main(["cache", "export", str(export)]) == 0
+    assert capsys.readouterr().out.strip() == f"exported 2 results to {export}"
+    assert json.loads(export.read_text())["gemmtune_results"] == 1
+
+    monkeypatch.setenv("GEMMTUNE_CACHE_DIR", str(tmp_path / "other"))
+    assert ResultsCache().items() == []
+    assert main(["cache", "import", str(export)]) == 0
+    assert capsys.readouterr().out.strip() == f"imported 2 results from {export}"
+    assert ResultsCache().lookup(KEY) == record
+    assert ResultsCache().lookup("m128_n128_k128_2d|x").config == "cublas"
+    assert main(["show"]) == 0
+    assert f"2 results in {tmp_path / 'other' / 'results.sqlite'}" in capsys.readouterr().out
+
+
+def test_cache_import_of_a_bad_file(capsys, cache_dir, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"something": 1}')
+    assert main(["cache", "import", str(bad)]) == 1
+    assert "not a gemmtune results export" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["export", "import"])
+def test_export_import_need_a_file(capsys, cache_dir, action):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cache", action])
+    assert exit_info.value.code == 2
+    assert f"cache {action} needs a FILE" in capsys.readouterr().err
+
+
+# -- tune -----------------------------------------------------------------------------------------
+
+
+def test_parse_shape():
+    assert parse_shape("4096x2048x1024") == (4096, 2048, 1024, None)
+    assert parse_shape("64X64X64x8") == (64, 64, 64, 8)
+
+
+@pytest.mark.parametrize("shape", ["12x", "12x12", "axbxc", "1x2x3x4x5", "0x64x64", "-1x2x3"])
+def test_tune_bad_shape_is_a_usage_error(capsys, shape):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", f"--shape={shape}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: gemmtune tune" in err and "--shape" in err
+
+
+def test_tune_needs_a_shape(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune"])
+    assert exit_info.value.code == 2
+
+
+def test_tune_without_a_gpu(capsys, cache_dir, no_gpu):
+    assert main(["tune", "--shape", "64x64x64"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("gemmtune tune needs a CUDA GPU")
+    assert "Traceback" not in captured.err + captured.out and captured.out == ""
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, cache_dir):
+    """A "GPU" for the tune command: an sm_90 problem on cuda:0, tuned by a fake tuner."""
+    of_shape = GemmProblem.of_shape.__func__
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(
+        GemmProblem,
+        "of_shape",
+        classmethod(lambda cls, *a, **kw: of_shape(cls, *a, arch=Arch.SM90, **kw)),
+    )
+    calls = []
+
+    def tune(problem, **options):
+        calls.append((problem, options))
+        fast, slow = GemmConfig(tile_n=256, cluster_m=2), GemmConfig()
+        broken = GemmConfig(tile_m=64)
+        results = [
+            CandidateResult(slow, 30.0, 0.30, 1e-3, final_ms=0.31),
+            CandidateResult(broken, 10.0, None, error="compile: boom\nmore detail"),
+            CandidateResult(fast, 20.0, 0.20, 2e-3, final_ms=0.21),
+            CandidateResult(GemmConfig(swizzle=2), 25.0, 0.40, 1e-3),
+        ]
+        return TuneResult(problem, fast, 0.21, 2e-3, results, 500, 3, 12.0, 4.0, 9.5, {}, 0.25)
+
+    monkeypatch.setattr(api.DISPATCHER, "tune", tune)
+    return calls
+
+
+def test_tune_table(capsys, fake_gpu):
+    assert main(["tune", "--shape", "4096x4096x1024", "--top-k", "3", "--no-cublas"]) == 0
+    ((problem, options),) = fake_gpu
+    assert (problem.m, problem.n, problem.k, problem.batched) == (4096, 4096, 1024, False)
+    assert problem.a_dtype is torch.bfloat16 and problem.layout == "tn"
+    assert options == {"top_k": 3, "exhaustive": False, "cublas": False}
+    out = capsys.readouterr().out
+    assert "4096x4096x1024: bf16 -> bf16, layout tn" in out and "NVIDIA H200" in out
+    fast = GemmConfig(tile_n=256, cluster_m=2).key
+    rows = [line for line in out.splitlines() if line.lstrip("* ").startswith("sm90_")]
+    # fastest first (side-by-side time where there is one), failures last
+    assert [r.split()[0].lstrip("*") for r in rows] == [
+        fast,
+        GemmConfig().key,
+        GemmConfig(swizzle=2).key,
+        GemmConfig(tile_m=64).key,
+    ]
+    assert rows[0].startswith("*") and "0.2100" in rows[0] and "0.2000" in rows[0]
+    tflops = 2 * 4096 * 4096 * 1024 / 0.21e-3 / 1e12
+    assert f"{tflops:.1f}" in rows[0]
+    assert "compile: boom" in rows[3] and "more detail" not in out
+    assert f"winner: {fast}  0.2100 ms" in out
+    assert "torch.matmul: 0.2500 ms" in out and "backend: gemmtune" in out
+    assert "wall 9.5 s, compile 12.0 s" in out and "bench 4.0 s" in out
+
+
+def test_tune_json(capsys, fake_gpu):
+    command = ["tune", "--shape", "64x128x256x4", "--dtype", "fp16", "--out-dtype", "fp32"]
+    assert main([*command, "--layout", "nt", "--out-major", "m", "--exhaustive", "--json"]) == 0
+    ((problem, options),) = fake_gpu
+    assert problem.batched and problem.l == 4 and problem.layout == "nt"
+    assert problem.out_dtype is torch.float32 and problem.out_major == "m"
+    assert options == {"top_k": 8, "exhaustive": True, "cublas": True}
+    report = json.loads(capsys.readouterr().out)
+    assert report["problem"] == {
+        "m": 64,
+        "n": 128,
+        "k": 256,
+        "l": 4,
+        "dtype": "fp16",
+        "out_dtype": "fp32",
+        "layout": "nt",
+        "out_major": "m",
+    }
+    assert report["best"] == GemmConfig(tile_n=256, cluster_m=2).key
+    assert report["best_ms"] == 0.21 and report["cublas_ms"] == 0.25
+    assert report["backend"] == "gemmtune"
+    assert (report["timed"], report["failed"], report["candidates"]) == (3, 1, 500)
+    assert [r["ok"] for r in report["results"]] == [True, True, True, False]
+    assert report["results"][-1]["error"].startswith("compile: boom")
+    assert all(isinstance(r["config"], str) for r in report["results"])
+
+
+def test_tune_a_problem_our_kernels_do_not_serve(capsys, fake_gpu):
+    assert main(["tune", "--shape", "64x7x64"]) == 2  # a 14-byte output row
+    captured = capsys.readouterr()
+    assert "no gemmtune kernel serves this problem (alignment:" in captured.err
+    assert "Traceback" not in captured.err and captured.out == "" and fake_gpu == []
+
+
+# -- bench ----------------------------------------------------------------------------------------
+
+
+def test_bench_without_a_gpu(capsys, no_gpu):
+    assert main(["bench", "--runs", "5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("gemmtune bench needs a CUDA GPU")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_bench_with_an_unreadable_suite(capsys, tmp_path):
+    assert main(["bench", "--shapes", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the shape suite" in capsys.readouterr().err
+
+
+def test_shape_suite_ships_with_the_package(tmp_path):
+    shapes = load_shape_suite()
+    assert {"name": "sq4096", "m": 4096, "n": 4096, "k": 4096} in shapes
+    assert all({"name", "m", "n", "k"} <= set(s) for s in shapes)
+    # the benchmark scripts read the same single copy
+    spec = importlib.util.spec_from_file_location("common", REPO / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    assert common.load_shapes() == shapes
+    assert not (REPO / "benchmarks" / "shapes.json").exists()
+
+    suite = tmp_path / "s.json"
+    suite.write_text(json.dumps({"shapes": [{"m": 8, "n": 16, "k": 32}]}))
+    assert load_shape_suite(suite) == [{"name": "8x16x32", "m": 8, "n": 16, "k": 32}]
+
+
+def test_bench_plan_config(monkeypatch):
+    a, b = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(32, 16, dtype=torch.bfloat16)
+    head = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, None, None)
+    config = GemmConfig()
+    monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): api.Plan(None, (), config)})
+    assert plan_config(a, b, "tune") == config.key
+    monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): None})  # not ours to serve
+    assert plan_config(a, b, "tune") == "cublas"
+    monkeypatch.setattr(api.DISPATCHER, "plans", {(*head, "tune"): api.Plan(None, (), None)})
+    assert plan_config(a, b, "tune") == "cublas"

@@ -1,0 +1,205 @@
+"""The tuner's selection logic on the CPU: a fake compiler, the fake benchmark runner."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemmtune import workers
+from gemmtune.core.config import Decomposition, GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem, Operand
+from gemmtune.tuning.tuner import (
+    CUBLAS_MARGIN,
+    FINAL_MARGIN,
+    SWEEP_SWIZZLES,
+    TuneResult,
+    order_matters,
+    tune,
+)
+from gemmtune.workers.compiler import CompileOutcome
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "measure"))
+from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
+
+from gemmtune.space.ranking import FIRST_RASTER, FIRST_SWIZZLE, DeviceModel, RankingModel
+
+RUNNER = "fake_runner:FakeRunner"
+RELIABLE = "fake_runner:ReliableRunner"
+COMPILE_FAILS = (64, 192)
+
+
+class TroubleFirst(RankingModel):
+    """Ranks one config of each tile that fails (in every way) first, then the real model's
+    order."""
+
+    def predict_us(self, problem, config):
+        order = [CRASH, HANG, FAULT, WRONG, COMPILE_FAILS]
+        tile = (config.tile_m, config.tile_n)
+        first = (
+            config.decomposition is Decomposition.DATA_PARALLEL
+            and not config.swap_ab
+            and (config.cluster_m, config.cluster_n, config.tma_store) == (1, 1, True)
+        )
+        if tile in order and first:
+            return -100.0 + order.index(tile)
+        return super().predict_us(problem, config)
+
+
+def problem(m, n, k):
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+
+def fake_compiler(fail=()):
+    compiled = []
+
+    def compile_fn(jobs, out_dir):
+        for job in jobs:
+            compiled.append(job.config.compile_key)
+            if (job.config.tile_m, job.config.tile_n) in fail:
+                yield CompileOutcome(job, None, 0.0, "ptxas: out of registers")
+            else:
+                yield CompileOutcome(job, out_dir / f"{job.name}.o", 0.5)
+
+    return compile_fn, compiled
+
+
+@pytest.mark.timeout(120)
+def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
+    compile_fn, compiled = fake_compiler()
+    p = problem(4096, 4096, 4096)
+    result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
+    first = result.results[:8]
+    assert len(first) == 8 and len(set(compiled)) == len(compiled) <= 8
+    # the first pass runs each pick in bands, not in plain column order
+    assert {(r.config.raster, r.config.swizzle) for r in first} == {(FIRST_RASTER, FIRST_SWIZZLE)}
+    assert all(r.predicted_us is not None for r in first)
+    # the two best binaries swept over 2 rasters x 2 swizzles (minus the order already timed)
+    leaders = {r.config.compile_key for r in sorted(first, key=lambda r: r.ms)[:2]}
+    swept = result.results[8:]
+    assert len(swept) == 2 * (2 * len(SWEEP_SWIZZLES) - 1)
+    assert {r.config.compile_key for r in swept} == leaders
+    assert result.candidates > 10000 and result.compiled == len(compiled)
+    ok = sorted(r.ms for r in result.results)
+    # the leaders within the final's margin are timed again side by side (the fake adds 1%)
+    finalists = [r for r in result.results if r.final_ms is not None]
+    close = [ms for ms in ok if ms <= ok[0] * (1 + FINAL_MARGIN)]
+    assert len(finalists) == min(3, len(close)) > 1
+    assert all(r.ms <= ok[0] * (1 + FINAL_MARGIN) for r in finalists)
+    best = min(finalists, key=lambda r: r.final_ms)
+    assert result.best == best.config
+    assert result.best_ms == pytest.approx(fake_ms(best.config) * 1.01)
+    assert result.best_tflops == pytest.approx(p.flops / (result.best_ms * 1e-3) / 1e12)
+    assert result.reference_error == pytest.approx(1e-3)
+    assert result.wall_s >= result.bench_s > 0
+
+
+@pytest.mark.timeout(120)
+def test_no_sweep_where_every_tile_runs_in_one_round():
+    compile_fn, _ = fake_compiler()
+    p = problem(512, 512, 8192)  # at most 16 tiles of 128x128: one round of 132 SMs
+    result = tune(p, top_k=4, compiler=compile_fn, runner=RELIABLE, progress=False)
+    assert len(result.results) == 4
+    device = DeviceModel()
+    assert not any(order_matters(r.config, p, device) for r in result.results)
+    assert order_matters(GemmConfig(), problem(4096, 4096, 4096), device)
+
+
+@pytest.mark.timeout(120)
+def test_failures_are_recorded_and_never_chosen():
+    compile_fn, _ = fake_compiler(fail={COMPILE_FAILS})
+    result = tune(
+        problem(4096, 4096, 4096),
+        top_k=5 + 4,
+        sweep=1,
+        compiler=compile_fn,
+        runner=RUNNER,
+        model=TroubleFirst(),
+        run_timeout_s=5,
+        progress=False,
+    )
+    errors = {}
+    for r in result.failures:
+        assert r.ms is None and r.error
+        errors.setdefault((r.config.tile_m, r.config.tile_n), r.error)
+    assert "died" in errors[CRASH] and "hung" in errors[HANG]
+    assert "illegal memory access" in errors[FAULT] and "wrong result" in errors[WRONG]
+    assert "compile: ptxas" in errors[COMPILE_FAILS]
+    assert len(result.failures) == 5  # one config of each troubled tile
+    assert result.best is not None and result.best not in [r.config for r in result.failures]
+    finalists = [r for r in result.results if r.final_ms is not None]
+    assert result.best_ms == min(r.final_ms for r in finalists)
+
+
+@pytest.mark.timeout(120)
+def test_exhaustive_times_every_binary_and_split_count():
+    compile_fn, compiled = fake_compiler()
+    result = tune(
+        problem(512, 512, 32768),
+        exhaustive=True,
+        sweep=0,
+        compiler=compile_fn,
+        runner=RELIABLE,
+        progress=False,
+    )
+    split_k = [r for r in result.results if r.config.decomposition is Decomposition.SPLIT_K]
+    assert {r.config.splits for r in split_k} == {2, 3, 4, 6, 8, 12, 16}
+    # 304 data-parallel and 304 stream-K binaries, 272 split-K ones at 7 split counts each,
+    # each also swapped (but 32 that would spill)
+    assert len(compiled) == 880 * 2 - 32
+    assert len(result.results) == (304 + 304 + 272 * 7) * 2 - 32
+
+
+def test_unsupported_problems_are_refused():
+    p = GemmProblem.from_operands(
+        Operand((64, 64), (64, 1), torch.float32, torch.device("cuda", 0), 1 << 20),
+        Operand((64, 64), (64, 1), torch.float32, torch.device("cuda", 0), 1 << 20),
+        arch=Arch.SM90,
+    )
+    with pytest.raises(ValueError, match="no gemmtune kernel serves"):
+        tune(p, runner=RUNNER, progress=False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cublas_ms, winner", [(1e-6, "cublas"), (1e6, "gemmtune")])
+def test_cublas_runs_beside_the_finalists_and_can_win(monkeypatch, cublas_ms, winner):
+    monkeypatch.setenv("FAKE_CUBLAS_MS", str(cublas_ms))
+    workers.shutdown()  # the next worker inherits it
+    compile_fn, _ = fake_compiler()
+    result = tune(
+        problem(4096, 4096, 4096), compiler=compile_fn, runner=RELIABLE, progress=False, cublas=True
+    )
+    assert result.cublas_ms == pytest.approx(cublas_ms) and result.backend == winner
+    assert result.best is not None  # our best kernel is still reported
+
+
+@pytest.mark.parametrize(
+    "best_ms, cublas_ms, backend",
+    [
+        (0.98, 1.0, "gemmtune"),  # 2 % ahead
+        (0.995, 1.0, "cublas"),  # ahead, but by less than the margin
+        (1.02, 1.0, "cublas"),
+        (None, 1.0, "cublas"),  # nothing of ours ran correctly
+        (1.02, None, "gemmtune"),  # torch.matmul was not in the final
+    ],
+)
+def test_a_kernel_replaces_cublas_only_by_a_margin(best_ms, cublas_ms, backend):
+    result = TuneResult(
+        problem(4096, 4096, 4096),
+        GemmConfig(),
+        best_ms,
+        None,
+        [],
+        candidates=1,
+        compiled=1,
+        compile_s=0.0,
+        bench_s=0.0,
+        wall_s=0.0,
+        cublas_ms=cublas_ms,
+    )
+    assert 1 - 0.995 < CUBLAS_MARGIN < 1 - 0.98
+    assert result.backend == backend
