@@ -83,7 +83,7 @@ def bucketing(folder: Path) -> list[dict]:
     """Inside one bucket: the bucket's winner, the bucket's choice for the shape (its measured
     configs re-ranked for that shape, what tuned_gemm serves) and an exact tune's winner, side
     by side."""
-    from gemmtune.api.dispatch import Dispatcher, record_of
+    from gemmtune.api.choice import ConfigChooser, record_of
     from gemmtune.core.config import CUBLAS
     from gemmtune.core.problem import GemmProblem
     from gemmtune.tuning.tuner import tune
@@ -97,7 +97,7 @@ def bucketing(folder: Path) -> list[dict]:
     rows = []
     for m, n, k in ((2560, 4096, 4096), (3072, 3072, 4096), (4096, 2304, 3072), (3504, 3512, 3496)):
         p = problem(m, n, k)
-        chosen = Dispatcher.for_shape(record, p)
+        chosen = ConfigChooser.for_shape(record, p)
         exact = tune(p, kernel_dir=folder, progress=False).best
         contenders = list(dict.fromkeys(c for c in (bucket, chosen, exact) if c is not None))
         both = tune(

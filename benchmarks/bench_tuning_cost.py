@@ -62,10 +62,10 @@ def timed_call(shape: dict) -> dict:
     tunes = []
 
     def recording(problem, **options):
-        tunes.append(api.DISPATCHER._default_tuner(problem, **options))
+        tunes.append(api.DISPATCHER.chooser._default_tuner(problem, **options))
         return tunes[-1]
 
-    api.DISPATCHER.tuner = recording
+    api.DISPATCHER.chooser.tuner = recording
     a, b = operands(shape["m"], shape["n"], shape["k"])
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -149,7 +149,7 @@ def child(mode: str, shapes: list[dict]) -> None:
         timed_call(shapes[-1])  # this process has tuned before
         for shape in shapes[:-1]:
             emit({**timed_call(shape), "phase": "warm"})
-        api.DISPATCHER.results = ResultsCache(Path(tempfile.mkdtemp()) / "results.sqlite")
+        api.DISPATCHER.chooser.results = ResultsCache(Path(tempfile.mkdtemp()) / "results.sqlite")
         api.DISPATCHER.plans.clear()
         for shape in shapes[:-1]:
             emit({**timed_call(shape), "phase": "cached-binaries"})
@@ -157,7 +157,7 @@ def child(mode: str, shapes: list[dict]) -> None:
         from gemmtune.api import dispatch as api
 
         row = timed_call(shapes[0])
-        key = next(iter(api.DISPATCHER.results.items()))
+        key = next(iter(api.DISPATCHER.chooser.results.items()))
         emit({**row, "winner": key[1].config, "tuned_here": "compile_s" in row})
     elif mode == "autotune":
         import torch

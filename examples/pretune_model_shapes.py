@@ -35,7 +35,7 @@ def main() -> None:
             winner = result.best.key if result.backend == "gemmtune" else "torch.matmul"
             tflops = result.best_tflops or 0
             print(f"{name:8s} {tokens:5d}x{n}x{k}: {winner} (ours: {tflops:.0f} TFLOP/s)")
-    count = DISPATCHER.results_cache().export(args.out)
+    count = DISPATCHER.chooser.results_cache().export(args.out)
     print(f"exported {count} tuned buckets to {args.out}")
 
 

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from gemmtune.api.dispatch import SWITCH_MARGIN, Dispatcher, resolve_mode, tuned_gemm
+from gemmtune.api.choice import SWITCH_MARGIN, ConfigChooser
+from gemmtune.api.dispatch import Dispatcher, resolve_mode, tuned_gemm
 from gemmtune.cache.buckets import Environment
 from gemmtune.cache.results import ResultsCache
 from gemmtune.core.config import GemmConfig
@@ -37,51 +38,56 @@ class FakeTuner:
 
 
 @pytest.fixture
-def dispatcher(tmp_path):
-    return Dispatcher(
+def chooser(tmp_path):
+    return ConfigChooser(
         results=ResultsCache(tmp_path / "r.sqlite"), tuner=FakeTuner(), environment=lambda i: H200
     )
 
 
-def test_tune_mode_tunes_once_per_bucket_then_hits(dispatcher):
-    assert dispatcher.config_for(problem(4000, 4000, 4000), "tune") == TUNED
-    assert dispatcher.config_for(problem(4096, 3000, 2100), "tune") == TUNED  # same bucket
-    assert dispatcher.tuner.calls == 1
-    ((key, record),) = dispatcher.results.items()
+@pytest.fixture
+def dispatcher(chooser):
+    return Dispatcher(chooser)
+
+
+def test_tune_mode_tunes_once_per_bucket_then_hits(chooser):
+    assert chooser.config_for(problem(4000, 4000, 4000), "tune") == TUNED
+    assert chooser.config_for(problem(4096, 3000, 2100), "tune") == TUNED  # same bucket
+    assert chooser.tuner.calls == 1
+    ((key, record),) = chooser.results.items()
     assert key.startswith("m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200")
     assert (
         record.config == TUNED.key and record.ms == 0.21 and record.shape == (4000, 4000, 4000, 1)
     )
     assert record.runners_up == ((GemmConfig().key, 0.31),)
     # a new bucket tunes again
-    dispatcher.config_for(problem(4000, 4000, 8000), "tune")
-    assert dispatcher.tuner.calls == 2
+    chooser.config_for(problem(4000, 4000, 8000), "tune")
+    assert chooser.tuner.calls == 2
 
 
-def test_cache_only_never_tunes(dispatcher):
-    first_choice = dispatcher.config_for(problem(4000, 4000, 4000), "cache-only")
-    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []
+def test_cache_only_never_tunes(chooser):
+    first_choice = chooser.config_for(problem(4000, 4000, 4000), "cache-only")
+    assert chooser.tuner.calls == 0 and chooser.results.items() == []
     assert first_choice.compile_key  # the ranking model's first choice, run in bands
     assert (first_choice.raster, first_choice.swizzle) == (FIRST_RASTER, FIRST_SWIZZLE)
-    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
-    assert dispatcher.config_for(problem(4000, 4000, 4000), "cache-only") == TUNED
+    chooser.config_for(problem(4000, 4000, 4000), "tune")
+    assert chooser.config_for(problem(4000, 4000, 4000), "cache-only") == TUNED
 
 
-def test_heuristic_ignores_the_cache(dispatcher):
-    dispatcher.config_for(problem(4000, 4000, 4000), "tune")
-    heuristic = dispatcher.config_for(problem(4000, 4000, 4000), "heuristic")
-    assert heuristic == Dispatcher._first_choice(problem(4000, 4000, 4000)) != TUNED
-    assert dispatcher.tuner.calls == 1
+def test_heuristic_ignores_the_cache(chooser):
+    chooser.config_for(problem(4000, 4000, 4000), "tune")
+    heuristic = chooser.config_for(problem(4000, 4000, 4000), "heuristic")
+    assert heuristic == ConfigChooser.first_choice(problem(4000, 4000, 4000)) != TUNED
+    assert chooser.tuner.calls == 1
 
 
 def test_results_of_another_gpu_are_tuned_again(tmp_path):
     results = ResultsCache(tmp_path / "r.sqlite")
     tuner = FakeTuner()
     h100 = Environment("NVIDIA H100 80GB HBM3", 132, "0.1.0", "4.8.1")
-    Dispatcher(results, tuner=tuner, environment=lambda i: h100).config_for(
+    ConfigChooser(results, tuner=tuner, environment=lambda i: h100).config_for(
         problem(4000, 4000, 4000), "tune"
     )
-    Dispatcher(results, tuner=tuner, environment=lambda i: H200).config_for(
+    ConfigChooser(results, tuner=tuner, environment=lambda i: H200).config_for(
         problem(4000, 4000, 4000), "tune"
     )
     assert tuner.calls == 2 and len(results.items()) == 2
@@ -127,14 +133,14 @@ def test_a_bucket_rechooses_among_its_measured_configs_for_each_shape():
     ratio_big = model.predict_us(q, big) / model.predict_us(t, big)
     ratio_small = model.predict_us(q, small) / model.predict_us(t, small)
     assert ratio_big > 1.01 * SWITCH_MARGIN * ratio_small
-    assert Dispatcher.for_shape(record, q) == small
-    assert Dispatcher.for_shape(record, t) == big
+    assert ConfigChooser.for_shape(record, q) == small
+    assert ConfigChooser.for_shape(record, t) == big
     # a shape where the ratios hardly differ keeps the measured winner
     near = problem(4032, 4096, 4096)
     ratio_big = model.predict_us(near, big) / model.predict_us(t, big)
     ratio_small = model.predict_us(near, small) / model.predict_us(t, small)
     assert ratio_big < 1.01 * SWITCH_MARGIN * ratio_small
-    assert Dispatcher.for_shape(record, near) == big
+    assert ConfigChooser.for_shape(record, near) == big
 
 
 def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
@@ -146,7 +152,7 @@ def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
             result.cublas_ms = 0.1
             return result
 
-    d = Dispatcher(
+    d = ConfigChooser(
         ResultsCache(tmp_path / "r.sqlite"), tuner=CublasWins(), environment=lambda i: H200
     )
     assert d.config_for(problem(4000, 4000, 4000), "tune") is None
@@ -158,7 +164,7 @@ def test_a_bucket_won_by_cublas_is_served_by_torch_matmul(tmp_path):
 def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
     """Finalists are re-timed side by side over many runs, which on a warm GPU reads slower
     than the short first timings: a non-finalist's first timing must not outrank them."""
-    from gemmtune.api.dispatch import record_of
+    from gemmtune.api.choice import record_of
 
     fast_first = GemmConfig(tile_m=64, tile_n=64)
     results = [
@@ -177,7 +183,9 @@ def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
 
 
 @pytest.mark.parametrize("arch", [Arch.SM100, Arch.OTHER])
-def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(dispatcher, monkeypatch, arch):
+def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(
+    chooser, dispatcher, monkeypatch, arch
+):
     """On an sm_100 GPU (no Blackwell kernel yet) every call goes to torch.matmul, as on any
     GPU we have no kernel for; the arch is faked, the tensors stay on the CPU."""
     import gemmtune.core.problem as problem_module
@@ -191,4 +199,23 @@ def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(dispatcher, monkey
     for _ in range(2):
         out = dispatcher(a, b, mode="tune")
         torch.testing.assert_close(out, a @ b)
-    assert dispatcher.tuner.calls == 0 and dispatcher.results.items() == []
+    assert chooser.tuner.calls == 0 and chooser.results.items() == []
+
+
+def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
+    """Plans are made for strides; a view that starts 2 bytes in keeps them, so the launch
+    checks the pointers and hands such calls to torch.matmul."""
+    from gemmtune.api.dispatch import Plan, plan_key
+
+    launches = []
+    buffer = torch.randn(64 * 32 + 8, dtype=torch.bfloat16)
+    a = buffer[:2048].view(64, 32)
+    shifted = buffer[1:2049].view(64, 32)  # same shape and strides, 2 bytes further
+    b = torch.randn(32, 48, dtype=torch.bfloat16)
+    plan = Plan(lambda *args: launches.append(args), (), TUNED, (64, 48), torch.bfloat16)
+    for x in (a, shifted):
+        dispatcher.plans[plan_key(x, b, None, None, None)] = plan
+    out = dispatcher(a, b)
+    assert len(launches) == 1 and out.shape == (64, 48)  # our (pretend) kernel ran
+    torch.testing.assert_close(dispatcher(shifted, b), shifted @ b)
+    assert len(launches) == 1

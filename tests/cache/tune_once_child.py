@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from gemmtune.api.dispatch import Dispatcher
+from gemmtune.api.choice import ConfigChooser
 from gemmtune.cache.buckets import Environment
 from gemmtune.cache.results import ResultsCache
 from gemmtune.core.config import GemmConfig
@@ -30,10 +30,10 @@ def slow_tune(problem, **options):
     return TuneResult(problem, config, 1.0, 1e-3, [ran], 1, 1, 0.0, 0.0, tune_s)
 
 
-dispatcher = Dispatcher(
+chooser = ConfigChooser(
     results=ResultsCache(folder / "results.sqlite"),
     tuner=slow_tune,
     environment=lambda index: Environment("NVIDIA H200", 132, "0", "0"),
 )
 problem = GemmProblem.of_shape(4096, 4096, 4096, arch=Arch.SM90)
-print("CONFIG", dispatcher.config_for(problem, "tune").key, flush=True)
+print("CONFIG", chooser.config_for(problem, "tune").key, flush=True)
