@@ -1,5 +1,6 @@
-"""The user API on the GPU: tuning through tuned_gemm, the custom op under torch.compile and in
-a CUDA graph, several processes on one bucket, and the examples."""
+"""The user API on the GPU: tuning through tuned_gemm, CUDA graph capture of tuned_gemm and of
+the custom op, a workspace per stream, the op under torch.compile, several processes on one
+bucket, and the examples."""
 
 import os
 import subprocess
@@ -9,10 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from gemmtune.api import dispatch
 from gemmtune.api.choice import ConfigChooser
 from gemmtune.api.dispatch import Dispatcher
 from gemmtune.cache.kernels import KernelCache
 from gemmtune.cache.results import ResultsCache
+from gemmtune.core.config import Decomposition, GemmConfig
+from gemmtune.kernels.launch import WORKSPACES
 from gemmtune.measure.verify import check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
@@ -35,6 +39,82 @@ def test_tuned_gemm_tunes_with_cublas_as_a_candidate_then_hits(tmp_path):
     assert len(d.chooser.results_cache().items()) == 1  # no second tuning
 
 
+class FixedChooser(ConfigChooser):
+    """Gives every problem one config: no tuning, and the decomposition the test needs."""
+
+    def __init__(self, config: GemmConfig):
+        super().__init__()
+        self.config = config
+
+    def config_for(self, problem, mode):
+        return self.config
+
+
+CAPTURED_CONFIGS = {
+    "data_parallel": GemmConfig(tile_m=128, tile_n=128),
+    "split_k": GemmConfig(tile_m=128, tile_n=128, decomposition=Decomposition.SPLIT_K, splits=3),
+    "stream_k": GemmConfig(tile_m=128, tile_n=64, decomposition=Decomposition.STREAM_K),
+}
+
+
+def _dispatcher(tmp_path, config: GemmConfig) -> Dispatcher:
+    d = Dispatcher(FixedChooser(config))
+    d.kernel_caches["sm_90a"] = KernelCache("sm_90a", tmp_path / "kernels")
+    return d
+
+
+@pytest.mark.parametrize("entry", ["tuned_gemm", "op"])
+@pytest.mark.parametrize("decomposition", sorted(CAPTURED_CONFIGS))
+def test_captured_in_a_cuda_graph_and_replayed(tmp_path, monkeypatch, entry, decomposition):
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS[decomposition])
+    monkeypatch.setattr(dispatch, "DISPATCHER", d)
+    fn = dispatch.tuned_gemm if entry == "tuned_gemm" else torch.ops.gemmtune.mm
+    a = torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1536, 640, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (the plan is made) away from the capture
+        fn(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn(a, b)
+    assert d.plans and all(p.launcher is not None for p in d.plans.values())
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok, err = check(captured, a.float() @ b.float())
+        assert ok, f"replay of a captured {decomposition} GEMM: rel err {err}"
+
+
+def test_concurrent_streams_get_their_own_workspace(tmp_path):
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS["split_k"])
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    operands = [
+        (
+            torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16),
+            torch.randn(8192, 768, device="cuda", dtype=torch.bfloat16),
+        )
+        for _ in streams
+    ]
+    expected = [a.float() @ b.float() for a, b in operands]
+    torch.cuda.synchronize()
+    for _ in range(20):  # the two streams' split-K launches overlap on the GPU
+        outs = []
+        for stream, (a, b) in zip(streams, operands, strict=True):
+            with torch.cuda.stream(stream):
+                outs.append(d(a, b))
+        torch.cuda.synchronize()
+        for out, ref in zip(outs, expected, strict=True):
+            assert check(out, ref)[0]
+    ids = {stream.stream_id for stream in streams}
+    held = {key[1] for key in WORKSPACES.buffers if key[1] in ids}
+    assert held == ids  # one workspace per stream
+
+
 def test_custom_op_under_torch_compile(monkeypatch):
     import gemmtune
     from gemmtune.api.dispatch import DISPATCHER
@@ -51,7 +131,7 @@ def test_custom_op_under_torch_compile(monkeypatch):
     got = compiled(x)
     assert got.shape == expected.shape
     assert check(got, expected)[0]
-    assert any(p is not None and p.function is not None for p in DISPATCHER.plans.values())
+    assert any(p.launcher is not None for p in DISPATCHER.plans.values())
 
 
 @pytest.mark.parametrize(

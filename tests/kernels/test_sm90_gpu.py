@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from gemmtune.core.config import GemmConfig
+from gemmtune.core.dtypes import torch_dtype
 from gemmtune.core.problem import GemmProblem
+from gemmtune.measure.verify import relative_error, tolerance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def operands(m, n, k, l, layout, ab, out_dtype, out_major, seed):
     """Random a (l?, m, k), b (l?, k, n) with majors from `layout` ("tn": A K-major, B N-major),
     and an output poisoned with NaN."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    dt = DTYPES[ab]
+    dt = torch_dtype(ab)
     lead = (l,) if l > 1 else ()
 
     def rand(rows, cols, transposed):
@@ -28,18 +28,19 @@ def operands(m, n, k, l, layout, ab, out_dtype, out_major, seed):
     a = rand(m, k, layout[0] == "n")  # "n": A is M-major
     b = rand(k, n, layout[1] == "t")  # "t": B is K-major
     out_shape = (*lead, n, m) if out_major == "m" else (*lead, m, n)
-    out = torch.full(out_shape, float("nan"), device="cuda", dtype=DTYPES[out_dtype])
+    out = torch.full(out_shape, float("nan"), device="cuda", dtype=torch_dtype(out_dtype))
     if out_major == "m":
         out = out.transpose(-1, -2)
     return a, b, out
 
 
 def rel_err(out, a, b):
-    ref = torch.matmul(a.float(), b.float())
-    return ((out.float() - ref).norm() / ref.norm()).item()
+    return relative_error(out, torch.matmul(a.float(), b.float()))
 
 
-TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-4}
+def tolerance_of(name: str) -> float:
+    return tolerance(torch_dtype(name))
+
 
 # config key (raster/swizzle left out) | m x n x k x l | layout | ab -> out dtype | out major
 CASES = """
@@ -137,7 +138,7 @@ def test_kernel_matches_reference(case):
     launch(kernel, a, b, out, config)
     torch.cuda.synchronize()
     assert not out.isnan().any(), "some outputs were never written"
-    assert rel_err(out, a, b) < TOLERANCE[out_dtype]
+    assert rel_err(out, a, b) < tolerance_of(out_dtype)
     if config.decomposition.value != "data_parallel":
         # partials are summed in a fixed order, and the counters were left at zero: a
         # second run is bitwise the same
@@ -163,7 +164,7 @@ def test_raster_and_swizzle_change_nothing_but_order(schedule):
             launch(kernel, a, b, out, config.with_runtime(raster=raster, swizzle=swizzle))
             results.append(out.clone())
     torch.cuda.synchronize()
-    assert rel_err(results[0], a, b) < TOLERANCE["bf16"]
+    assert rel_err(results[0], a, b) < tolerance_of("bf16")
     for r in results[1:]:
         assert torch.equal(r, results[0])
 
@@ -196,4 +197,4 @@ def test_back_to_back_launches_see_the_previous_kernels_writes():
     torch.cuda.synchronize()
     for i, result in enumerate(results):
         c_ref = (sources[i % 2].float() @ b.float()).to(torch.bfloat16)
-        assert rel_err(result, c_ref, e) < TOLERANCE["bf16"], f"round {i}"
+        assert rel_err(result, c_ref, e) < tolerance_of("bf16"), f"round {i}"

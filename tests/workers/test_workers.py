@@ -63,7 +63,7 @@ def test_the_process_shares_one_pool_per_target_and_one_worker_per_gpu():
 
 
 def test_a_compile_worker_never_imports_torch():
-    """Half a compile worker's start-up would be torch's import (tvm_ffi attempts it)."""
+    """A compile worker never pays torch's import, which tvm_ffi attempts."""
     import subprocess
 
     code = (

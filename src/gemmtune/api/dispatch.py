@@ -32,11 +32,9 @@ from gemmtune.api.choice import ConfigChooser
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
 from gemmtune.core.problem import FallbackReason, GemmProblem, fallback_matmul
+from gemmtune.core.settings import MODE_ENV, MODES
 
 log = logging.getLogger(__name__)
-
-MODE_ENV = "GEMMTUNE_MODE"
-MODES = ("tune", "cache-only", "heuristic", "off")
 
 
 def resolve_mode(mode: str | None) -> str:
@@ -50,22 +48,33 @@ def resolve_mode(mode: str | None) -> str:
 class Plan:
     """How every call with one tensor signature runs, found once."""
 
-    launcher: Callable | None  # the compiled kernel's; None: torch.matmul serves
+    launcher: Callable | None  # the compiled kernel's; None: torch serves
     args: tuple  # what follows (a, b, out): workspace, runtime arguments
-    config: GemmConfig | None  # None: torch.matmul serves
+    config: GemmConfig | None  # None: torch serves
     out_shape: tuple = ()
     out_dtype: torch.dtype | None = None
     workspace_stream: int | None = None  # the stream whose workspace `args` holds, if any
-    reason: FallbackReason | str | None = None  # why torch.matmul serves
+    reason: FallbackReason | str | None = None  # why torch serves
+    torch_op: Callable = torch.matmul  # what serves a call without out/out_dtype where torch does
 
 
 def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None) -> tuple:
     """What decides a call's plan: the tensors' shapes, strides, dtypes and device, and the
     call's arguments."""
     return (
-        a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+        a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
         None if out is None else (out.shape, out.stride(), out.dtype), out_dtype, mode,
     )  # fmt: skip
+
+
+def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
+    """The narrowest torch function that computes `a @ b` for these ranks: torch.mm and
+    torch.bmm skip torch.matmul's broadcasting logic, a measurable part of a small call."""
+    if a.dim() == b.dim() == 2:
+        return torch.mm
+    if a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]:
+        return torch.bmm
+    return torch.matmul
 
 
 class Dispatcher:
@@ -86,7 +95,7 @@ class Dispatcher:
         mode: str | None = None,
     ) -> torch.Tensor:
         key = (
-            a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+            a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
             None if out is None else (out.shape, out.stride(), out.dtype), out_dtype, mode,
         )  # fmt: skip
         plan = self.plans.get(key) or self._new_plan(key, a, b, out, out_dtype, mode)
@@ -94,10 +103,10 @@ class Dispatcher:
         # the plan was made for these strides; only the data pointers can break alignment
         if launcher is None or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES:
             if out is None and out_dtype is None:
-                return torch.matmul(a, b)
+                return plan.torch_op(a, b)
             return fallback_matmul(a, b, out, out_dtype)
         if out is None:
-            out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
+            out = a.new_empty(plan.out_shape, dtype=plan.out_dtype)
         elif out.data_ptr() % ALIGNMENT_BYTES:
             return fallback_matmul(a, b, out, out_dtype)
         args = plan.args if plan.workspace_stream is None else self._args(plan, a, b)
@@ -131,6 +140,7 @@ class Dispatcher:
                 if reason.code not in self.fallbacks_logged:
                     self.fallbacks_logged.add(reason.code)
                     log.info("gemmtune falls back to torch.matmul: %s", reason)
+        plan.torch_op = torch_op(a, b)
         self.plans[key] = plan
         return plan
 

@@ -74,14 +74,11 @@ class Environment:
 @functools.cache
 def current_environment(device_index: int) -> Environment:
     """The GPU `device_index` and the software a result tuned on it is valid for."""
-    import importlib.metadata as metadata
-
-    import gemmtune
     from gemmtune.core.device import device_info
+    from gemmtune.core.versions import dsl_version, gemmtune_version
 
     info = device_info(device_index)
-    dsl = metadata.version("nvidia-cutlass-dsl")
-    return Environment(info.name, info.sm_count, gemmtune.__version__, dsl)
+    return Environment(info.name, info.sm_count, gemmtune_version(), dsl_version())
 
 
 def bucket_key(problem: GemmProblem, env: Environment, policy: BucketPolicy) -> str:
@@ -90,3 +87,16 @@ def bucket_key(problem: GemmProblem, env: Environment, policy: BucketPolicy) -> 
     rank = "3d" if problem.batched else "2d"
     sizes = f"m{policy.round(problem.m)}_n{policy.round(problem.n)}_k{policy.round(problem.k)}"
     return f"{sizes}_{rank}|{KernelSignature.of(problem).key}|{env.key}"
+
+
+def parse_key(key: str) -> dict:
+    """A key `bucket_key` made, in its parts: bucket, signature, gpu, sms, versions."""
+    parts = key.split("|")
+    parts += [""] * (6 - len(parts))
+    return {
+        "bucket": parts[0],
+        "signature": parts[1],
+        "gpu": parts[2],
+        "sms": parts[3],
+        "versions": [p for p in parts[4:] if p],
+    }

@@ -13,17 +13,15 @@ and rebuilt.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import importlib.metadata as metadata
 import logging
 import time
 from pathlib import Path
 
-import gemmtune
 from gemmtune.core.config import GemmConfig
 from gemmtune.core.settings import cache_dir
+from gemmtune.core.versions import DSL_LIBRARY_FLAVOURS, gemmtune_version, package_version
 from gemmtune.kernels.build import artifact_name
 from gemmtune.kernels.signature import KernelSignature
 
@@ -34,16 +32,10 @@ log = logging.getLogger(__name__)
 def fingerprint(target: str) -> str:
     """A short hash of everything that changes a compiled kernel for `target` (e.g. sm_90a)."""
     digest = hashlib.sha256()
-    versions = []
-    for dist in (
-        "nvidia-cutlass-dsl",
-        "nvidia-cutlass-dsl-libs-cu12",
-        "nvidia-cutlass-dsl-libs-cu13",
-    ):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions.append(f"{dist}={metadata.version(dist)}")
-    digest.update(f"gemmtune={gemmtune.__version__};{';'.join(versions)};{target}".encode())
-    sources = Path(gemmtune.__file__).parent / "kernels"
+    dists = ["nvidia-cutlass-dsl", *(f"nvidia-cutlass-dsl-libs-{f}" for f in DSL_LIBRARY_FLAVOURS)]
+    versions = [f"{d}={package_version(d)}" for d in dists if package_version(d)]
+    digest.update(f"gemmtune={gemmtune_version()};{';'.join(versions)};{target}".encode())
+    sources = Path(__file__).resolve().parents[1] / "kernels"
     for path in sorted(sources.rglob("*.py")):
         digest.update(path.relative_to(sources).as_posix().encode())
         digest.update(path.read_bytes())

@@ -9,8 +9,8 @@ set aside with a warning and a new one started.
 A key is tuned once, whatever the number of processes that need it (`tune_once`): the first
 takes the key's lock (a file in `locks/`, locked with `flock`, which the operating system
 releases when its holder exits or dies, so no dead process leaves it held) and tunes; the
-others wait on the lock and then read the record it stored. Two processes never time their
-candidates on one GPU at once, and all of them run the same winner.
+others wait on the lock and then read the record it stored. Two processes never tune one
+bucket at the same time, and all of them run the same winner.
 """
 
 from __future__ import annotations

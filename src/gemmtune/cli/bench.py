@@ -8,20 +8,24 @@ timed on the same tensors, each alone in windows of about 100 ms taken in turn t
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
-import importlib.metadata as metadata
 import json
 import math
+import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 import torch
 
+from gemmtune.cli import text
+from gemmtune.cli.text import NO_GPU, fail, fmt
+from gemmtune.core.dtypes import torch_dtype
+from gemmtune.core.versions import software
 from gemmtune.measure.timing import time_in_windows
 from gemmtune.measure.verify import check
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def load_shape_suite(path: Path | str | None = None) -> list[dict]:
@@ -59,7 +63,7 @@ def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flus
     from gemmtune.api.dispatch import tuned_gemm
 
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
@@ -94,19 +98,12 @@ def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flus
 
 def results_document(rows: list[dict], mode: str, runs: int, dtype_name: str) -> dict:
     """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
-    import gemmtune
-
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
         "what": "kernel",
         "gpu": props.name,
         "sms": props.multi_processor_count,
-        "versions": {
-            "gemmtune": gemmtune.__version__,
-            "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        },
+        "versions": software(),
         "date": datetime.date.today().isoformat(),
         "method": (
             f"gemmtune bench --mode {mode}: tuned_gemm against torch.matmul, each alone in "
@@ -116,3 +113,87 @@ def results_document(rows: list[dict], mode: str, runs: int, dtype_name: str) ->
         ),
         "rows": rows,
     }
+
+
+_BENCH_COLUMNS = (
+    ("shape", 20, "<"),
+    ("m", 6, ">"),
+    ("n", 6, ">"),
+    ("k", 6, ">"),
+    ("ours ms", 9, ">"),
+    ("cublas ms", 9, ">"),
+    ("ratio", 6, ">"),
+    ("ours TF/s", 9, ">"),
+    ("cublas TF/s", 11, ">"),
+    ("rel err", 8, ">"),
+    ("config", 0, "<"),
+)
+
+
+def _bench_line(cells: Sequence[object]) -> str:
+    widths = [width for _, width, _ in _BENCH_COLUMNS]
+    return text.row(cells, widths, "".join(align for _, _, align in _BENCH_COLUMNS))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        shapes = load_shape_suite(args.shapes)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return fail(f"gemmtune bench: cannot read the shape suite {args.shapes or ''}: {exc}")
+    import torch
+
+    if not torch.cuda.is_available():
+        return fail(f"gemmtune bench {NO_GPU} (try `gemmtune doctor`)")
+    from gemmtune.measure.timing import L2Flusher
+
+    flush = L2Flusher(torch.cuda.current_device())
+    if not args.json:
+        print(
+            f"gemmtune bench: {len(shapes)} shapes, {args.dtype}, mode {args.mode}, "
+            f"each alone in 3 windows of ~100 ms (at most {args.runs} runs, cold L2), on "
+            f"{torch.cuda.get_device_name()}; "
+            "ratio = cublas_ms / ours_ms, above 1: gemmtune is faster"
+        )
+        print(_bench_line([name for name, _, _ in _BENCH_COLUMNS]))
+        print(_bench_line(["-" * max(w, len(name)) for name, w, _ in _BENCH_COLUMNS]))
+    rows, failed = [], 0
+    for shape in shapes:
+        try:
+            row = compare_with_cublas(shape, args.dtype, args.mode, args.runs, flush)
+        except Exception as exc:  # one shape's failure must not lose the others
+            failed += 1
+            print(
+                f"gemmtune bench: {shape.get('name')}: {type(exc).__name__}: {exc}", file=sys.stderr
+            )
+            rows.append({"shape": shape.get("name"), "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        failed += not row["correct"]
+        rows.append(row)
+        if not args.json:
+            wrong = "" if row["correct"] else "  WRONG RESULT"
+            cells = [
+                row["shape"],
+                row["m"],
+                row["n"],
+                row["k"],
+                f"{row['ours_ms']:.4f}",
+                f"{row['cublas_ms']:.4f}",
+                f"{row['ratio']:.3f}",
+                f"{row['ours_tflops']:.1f}",
+                f"{row['cublas_tflops']:.1f}",
+                fmt(row["rel_err"], ".1e"),
+                row["config"] + wrong,
+            ]
+            print(_bench_line(cells), flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        print(json.dumps(results_document(rows, args.mode, args.runs, args.dtype), indent=1))
+    else:
+        ratios = [r["ratio"] for r in rows if "ratio" in r]
+        if ratios:
+            geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            wins = sum(r > 1 for r in ratios)
+            print(f"geometric mean ratio {geomean:.3f}; gemmtune faster on {wins} of {len(ratios)}")
+        if failed:
+            print(f"{failed} shapes failed or computed a wrong result")
+    return 1 if failed else 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import json
 import os
 import platform
@@ -13,28 +12,20 @@ from typing import Any
 
 import torch
 
-from gemmtune import __version__
 from gemmtune.core.device import device_info, gpu_available
 from gemmtune.core.settings import cache_dir
+from gemmtune.core.versions import dsl_flavours, dsl_version, gemmtune_version, package_version
 
 COMPILE_TARGETS = ("sm_90a", "sm_100a")
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def dsl_report() -> dict[str, Any]:
     """The CuTe DSL's version and the CUDA flavour of its libraries (cu12 or cu13)."""
-    flavours = [f for f in ("cu12", "cu13") if _version(f"nvidia-cutlass-dsl-libs-{f}")]
     return {
-        "nvidia_cutlass_dsl": _version("nvidia-cutlass-dsl"),
-        "cuda_flavour": "+".join(flavours) or None,
-        "cuda_bindings": _version("cuda-bindings"),
-        "tvm_ffi": _version("apache-tvm-ffi"),
+        "nvidia_cutlass_dsl": dsl_version(),
+        "cuda_flavour": "+".join(dsl_flavours()) or None,
+        "cuda_bindings": package_version("cuda-bindings"),
+        "tvm_ffi": package_version("apache-tvm-ffi"),
     }
 
 
@@ -119,7 +110,7 @@ def _kernel_files() -> str:
 def report(compile_targets: tuple[str, ...] = ()) -> dict[str, Any]:
     """Everything `gemmtune doctor` shows."""
     return {
-        "gemmtune": __version__,
+        "gemmtune": gemmtune_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

@@ -3,7 +3,7 @@
 Kernels, signatures, cache keys and the command line name types by short names ("bf16");
 tensors carry torch dtypes. This module maps between the two without importing torch at
 import time, so that a compile worker, which never touches a tensor, does not pay torch's
-import (about a second and a half).
+import.
 """
 
 from __future__ import annotations

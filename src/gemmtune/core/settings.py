@@ -6,6 +6,11 @@ import os
 from pathlib import Path
 
 CACHE_DIR_ENV = "GEMMTUNE_CACHE_DIR"
+MODE_ENV = "GEMMTUNE_MODE"
+#: what tuned_gemm does on a cache miss: tune, take the ranking model's first choice without
+#: tuning (cache-only: from the cache where it holds the bucket; heuristic: always), or
+#: hand every call to torch.matmul
+MODES = ("tune", "cache-only", "heuristic", "off")
 
 
 def cache_dir() -> Path:

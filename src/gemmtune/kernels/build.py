@@ -89,9 +89,9 @@ def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, 
 
 @functools.cache
 def artifact_suffix() -> str:
-    """How compiled kernels are stored: ".so" (a shared library, loaded by TVM-FFI alone in
-    about a millisecond, without importing the DSL) when a C compiler is there to link one,
-    else ".o" (the DSL's object file, whose loader needs the DSL: about a second's import)."""
+    """How compiled kernels are stored: ".so" (a shared library, loaded by TVM-FFI alone,
+    without importing the DSL) when a C compiler is there to link one, else ".o" (the DSL's
+    object file, whose loader imports the DSL)."""
     return ".so" if _linker() else ".o"
 
 
@@ -144,7 +144,7 @@ def export_gemm(kernel: CompiledGemm, path: Path) -> None:
 
 
 def load_gemm(path: Path, config: GemmConfig, signature: KernelSignature) -> CompiledGemm:
-    """Load a kernel written by `export_gemm` (no compile: about a millisecond)."""
+    """Load a kernel written by `export_gemm` (no compile)."""
     start = time.perf_counter()
     if Path(path).suffix == ".so":
         import tvm_ffi

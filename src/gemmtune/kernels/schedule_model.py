@@ -82,10 +82,8 @@ class TileGrid:
         as many rounds as every resident cluster would, so that each cluster computes the
         same number of units (one more where they do not divide).
 
-        Clusters beyond those add no round but draw power; an H200 running large GEMMs is
-        held at its power cap (NVML's SW-power-cap throttle, clocks 1.45-1.6 GHz), so the
-        others run at a lower clock. 4096^3 (256 units of 2x1 clusters): 64 clusters in
-        place of 66 ran 1.0-1.2 % faster, the same four rounds.
+        Clusters beyond those add no round but draw power: a GPU that runs large GEMMs at
+        its power cap then lowers the clock of all the others.
         """
         rounds = max(1, ceil_div(self.work_units, max_active_clusters))
         return max(1, ceil_div(self.work_units, rounds))
@@ -128,11 +126,11 @@ class WorkItem:
       counter and writes the unit. Owners are chosen to wait only on items that never wait
       before them: the last segment, computed at the end of its cluster's range.
     - scattered (`owner` == -1, split-K): every segment publishes, waits until all have, then
-      reduces and writes its own share of the unit: the share of segment s is every block of
-      four accumulator registers whose index b has b % segments == s, so the reduction's reads
-      are spread over all the segments instead of falling on one. The segments must run at
-      the same time (`SplitKSchedule` sees to it); a second count of departures lets the last
-      one reset the counter.
+      reduces and writes its own share of the unit: the share of segment s is range s of the
+      accumulator blocks (four registers each) cut by `balanced_range`, so the reduction's
+      reads are spread over all the segments instead of falling on one. The segments must run
+      at the same time (`SplitKSchedule` sees to it); a second count of departures lets the
+      last one reset the counter.
     """
 
     unit: int
@@ -320,9 +318,8 @@ class StreamKSchedule(Schedule):
     cluster runs the head first, then the tail, so from the region's start every cluster's
     k-tiles climb from k = 0 with one jump (a range inside one unit starts where it lies):
     clusters load the same k-slices of A and B at about the same time, as data-parallel waves
-    do, and L2 keeps serving them. (Run in iteration
-    order, each cluster began at its own k and the region read A and B from HBM again: 1.7x
-    the data-parallel kernel's HBM reads on 4096^3 with 128x256 tiles, 3.3x with K = 14336.)
+    do, and L2 keeps serving them. (In iteration order each cluster would start at its own k,
+    and the region would fetch A and B from HBM again.)
 
     Walking the region's iterations in order, a new item starts exactly when the cluster or
     the unit changes, so item (cluster c, region unit u) is item number c + u of the region:

@@ -3,8 +3,9 @@
 The same discipline as `runner.GemmRunner`, for any function that takes a config: the
 arguments are placed once (on the GPU they came from), the reference output is computed once,
 and each config's output is poisoned with NaN, computed, checked against the reference and only
-then timed (CUDA events, warm-up, cold L2, median). In a worker process (`worker.BenchWorker`)
-the function and the reference are named by import path, and tensors travel as CPU copies.
+then timed (CUDA events, warm-up, cold L2, median). In a benchmark worker
+(`workers.bench.BenchWorker`) the function and the reference are named by import path, and
+tensors travel as CPU copies.
 """
 
 from __future__ import annotations
@@ -19,11 +20,7 @@ import torch
 
 from gemmtune.measure.runner import GemmRunner, Measurement
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda
-from gemmtune.measure.verify import relative_error
-
-#: relative error allowed against the reference, per output dtype (a user's kernel may
-#: accumulate in another order than ours; a wrong one is far off)
-TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+from gemmtune.measure.verify import relative_error, tolerance
 
 
 def resolve(target: str | Callable) -> Callable:
@@ -126,7 +123,7 @@ class CallableRunner:
             if got.shape != self.reference.shape:
                 return Measurement(name, None, error=f"output shape {tuple(got.shape)} is wrong")
             err = relative_error(got, self.reference)
-            if not err <= TOLERANCE.get(got.dtype, 1e-2):
+            if not err <= tolerance(got.dtype):
                 return Measurement(
                     name, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
                 )

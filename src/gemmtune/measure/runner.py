@@ -1,9 +1,9 @@
 """What a benchmark worker runs: one problem's tensors, and candidate kernels timed on them.
 
-A `GemmRunner` lives in the worker process (`worker.py`). It builds the problem's inputs once,
-from `torch.randn` with a fixed seed, so every candidate multiplies the same tensors, and the
-float32 reference; then, per candidate, it loads the compiled kernel, poisons the output with
-NaN, runs it, checks the result and only then times it.
+A `GemmRunner` lives in the benchmark worker (`workers.bench`). It builds the problem's inputs
+once, from `torch.randn` with a fixed seed, so every candidate multiplies the same tensors, and
+the float32 reference; then, per candidate, it loads the compiled kernel, poisons the output
+with NaN, runs it, checks the result and only then times it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class CompareJob:
     rounds: int = 3
     graph: bool = False
     #: A window of a kernel of a few microseconds is bound by the host's launches, not the
-    #: GPU: its runs are capped so that it lasts milliseconds, not a tenth of a second.
+    #: GPU: its runs are capped so that the window stays short in wall time too.
     max_runs: int = 200
     kind: str = "compare"
 

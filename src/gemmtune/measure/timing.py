@@ -27,11 +27,9 @@ class Timing:
 
 
 #: A GPU left idle (a tuner waiting for the next kernel to compile) comes back at clocks its
-#: power cap will not hold: after a pause, a candidate warms up at least this long before it
-#: is timed. With 25 ms, 4096x28672x4096 candidates timed as they compiled read 1.22-1.35 ms
-#: and the same kernels 1.39-1.53 ms when timed back to back or in the final, so the sweep and
-#: the swapped 256x208 tile never reached the final; with 150 ms every first-pass time came
-#: within 3 % of its final (H200).
+#: power cap will not hold, so a candidate timed soon after a pause reads faster than it runs in
+#: steady use and can push better ones out of the final: after a pause, a candidate warms up
+#: at least this long before it is timed (docs/tuning.md has the measurements).
 IDLE_WARMUP_MS = 150.0
 #: A pause longer than this counts as idle.
 IDLE_AFTER_S = 0.05
@@ -171,8 +169,7 @@ def time_in_windows(
     A GPU at its power cap sets its clocks from the power of what it ran over the last
     milliseconds. Run by run in turn (`time_side_by_side`), contenders share the clocks of
     their mix, so one that spends more energy per FLOP looks faster than it is when run alone,
-    as a caller runs it (H200, 4096^3: a ping-pong kernel at parity with cuBLAS interleaved,
-    0.91x alone). In windows each runs at its own clocks; taking turns keeps slow drifts
+    as a caller runs it. In windows each runs at its own clocks; taking turns keeps slow drifts
     (temperature) from favouring one."""
     if graph:
         fns = [as_graph(fn) for fn in fns]

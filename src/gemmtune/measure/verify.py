@@ -1,5 +1,9 @@
 """Is a candidate's output right? Compared with a float32 reference, with a tolerance that
-depends on the output's dtype (its rounding dominates the error)."""
+depends on the output's dtype (its rounding dominates the error).
+
+The one tolerance of gemmtune: the tuner, `@autotune`, the benchmarks and the tests all check
+results with it.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def tolerance(out_dtype: torch.dtype) -> float:
-    return TOLERANCE[out_dtype]
+    """The relative error allowed for an output of `out_dtype` (that of bf16, the loosest of
+    ours, for a dtype we do not write: a user's `@autotune` function may return any)."""
+    return TOLERANCE.get(out_dtype, TOLERANCE[torch.bfloat16])
 
 
 def check(out: torch.Tensor, reference: torch.Tensor) -> tuple[bool, float]:

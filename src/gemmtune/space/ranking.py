@@ -18,10 +18,10 @@ The model is analytic in its structure and fitted in its constants:
   N-major: a swapped config or another layout can gain or lose the narrow swizzle).
 - Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
   (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
-  Stream-K's (`stream_k_*`) are measured directly: a stream-K segment's partners finish when
-  it does. A split-K wave also waits for its slowest split and the flag handshake
+  Stream-K's (`stream_k_*`) are measured, not fitted: a stream-K segment's partners finish
+  when it does. A split-K wave also waits for its slowest split and the flag handshake
   (`split_k_wait_us`, fitted): a latency that does not grow with the tile, which a per-KB
-  charge alone overstates for large tiles (it had ranked 128x128 split-K below 64x128).
+  charge alone would overstate for large tiles.
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
@@ -46,9 +46,8 @@ from gemmtune.kernels.sm90.rules import TILE_K
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
-#: 32 bytes (208: 32). WGMMA reads it more slowly: 256x208 c1x2 swapped (both operands
-#: 128-byte) ran 4.3-6.7 % faster than 256x208 c2x1 unswapped (B 32-byte), the same tiles on
-#: the same clusters in the same order, on sq4096, sq8192, l8b_qkv_4k, gateup and down_4k.
+#: 32 bytes (208: 32). WGMMA reads a narrower swizzle more slowly: each such operand costs
+#: this fraction of the family's time per k-tile.
 NARROW_SWIZZLE_COST = 0.05
 SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
 #: The layout the families are fitted on (`collect_timings.py`): row-major a and b.
@@ -71,14 +70,11 @@ def narrow_swizzles(
 #: The raster order and swizzle a config the model picks is first timed (and, untimed, run) at:
 #: bands 8 clusters across, so that the tiles in flight share few rows of A and columns of B.
 #: Plain column order (along M, swizzle 1) walks the whole resident grid down M where M is
-#: long: the swapped 256x208 tile on 4096x28672x4096 (112 cluster rows) ran 1486 µs so against
-#: 1407 in bands (steady use, H200), lost its place in the tuner's first pass and missed the
-#: final. Across the timed suite, this order came within 2.7 % of each binary's best on average.
+#: long, and a tile that is fast in bands can time slow there and miss the tuner's final.
 FIRST_RASTER, FIRST_SWIZZLE = Raster.ALONG_M, 8
 #: The model's errors are largest between classes of kernels (ping-pong against cooperative
 #: warpgroups, swapped operands or not): a class whose best is predicted within this much of
-#: the fastest gets a place in the top k. On 8192^3 the top 8 were all swapped cooperative
-#: tiles, and a ping-pong 128x192 tile ranked 12th ran 5.7 % faster than the tuner's choice.
+#: the fastest gets a place in the top k, so that one class cannot fill every place.
 CLASS_MARGIN = 0.05
 
 
@@ -92,7 +88,7 @@ class DeviceModel:
     """What the model needs to know about a GPU."""
 
     sm_count: int = 132
-    hbm_bytes_per_us: float = 4.3e6  # 4.3 TB/s (H200 measured); an H100 moves about 3.0
+    hbm_bytes_per_us: float = 4.3e6  # an H200's 4.3 TB/s; `for_gpu` takes 3.0 for an H100
     mma_flops_per_us_per_sm: float = 6.0e6  # ~790 TFLOP/s dense bf16 over 132 SMs
     resident_by_cluster_size: tuple[tuple[int, int], ...] = ((1, 132), (2, 66), (4, 30), (8, 15))
 
@@ -244,8 +240,7 @@ class RankingModel:
         A swapped config takes a place only when it is predicted faster than its unswapped
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
-        would spend two places on one guess (stream-K twins of data-parallel configs took four
-        of 4096^3's eight places, predicted alike)."""
+        would spend two places on one guess."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}

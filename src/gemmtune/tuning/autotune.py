@@ -119,7 +119,7 @@ class Autotuner:
         """Start the benchmark worker now, while the program goes on towards its first call,
         where that call will tune in a worker: a GPU is there, the function can be imported
         by a worker, and the results cache holds nothing of it. The worker's start (torch's
-        import and a CUDA context: seconds) is most of a first tuning's cost."""
+        import and a CUDA context) is most of a first tuning's cost."""
         from gemmtune import _in_helper_process
 
         paths = [import_path(self.fn), import_path(self.reference) if self.reference else ""]

@@ -4,7 +4,7 @@
     ranking model                       the top k by predicted time (or all: exhaustive)
     compile workers                     their binaries, in parallel; none the kernel cache holds
     benchmark worker                    ... while each finished one is verified, then timed
-    runtime sweep                       raster x swizzle on the best binary: launches only
+    runtime sweep                       raster x swizzle on the best binaries: launches only
     final                               the close leaders again, each alone in windows in turn
     -> TuneResult                       the best config, and what happened to every candidate
 
@@ -14,12 +14,12 @@ find them ready. Compiling and timing overlap: the worker times each binary as s
 compiled. A candidate that fails to compile, computes a wrong result, faults or hangs is
 recorded as failed and never chosen; the caller's process is never at risk.
 
-Timed one after another, candidates meet different clocks as the GPU warms (5 % apart on a
-long, large GEMM), so the finalists are decided in windows taken in turn: each runs alone, at
-the clocks its own power allows at the cap, as the caller will run it (interleaving them run
-by run flatters the one that spends more energy per FLOP: `bench.timing.time_in_windows`).
-Only leaders within `FINAL_MARGIN` of the best first-pass time go to the final: a first-pass
-time after the idle warm-up lands within 3 % of its final.
+Timed one after another, candidates meet different clocks as the GPU warms, so the finalists
+are decided in windows taken in turn: each runs alone, at the clocks its own power allows at
+the cap, as the caller will run it (interleaving them run by run flatters the one that spends
+more energy per FLOP: `measure.timing.time_in_windows`). Only leaders within `FINAL_MARGIN` of
+the best first-pass time go to the final: the idle warm-up (`measure.timing.IdleWarmup`) keeps
+a first-pass time close to its final one, so a config further behind is no contender.
 """
 
 from __future__ import annotations
@@ -66,17 +66,16 @@ class CandidateResult:
         return self.ms is not None
 
 
-#: How much faster than torch.matmul our best kernel must be, in the final, to replace it. The
-#: final's windows and a later benchmark of the same pair differ by up to 1.5 % on an H200 at
-#: its power cap, so a smaller lead is a coin toss; losing it costs a caller less than running
-#: slower than the library they would have used.
+#: How much faster than torch.matmul our best kernel must be, in the final, to replace it. A
+#: smaller lead is within the noise between the final and a later benchmark of the same pair,
+#: a coin toss; losing it costs a caller less than running slower than the library they would
+#: have used.
 CUBLAS_MARGIN = 0.01
 #: How far behind the best first-pass time a config may be and still reach the final.
 FINAL_MARGIN = 0.03
 #: The swizzles the runtime sweep tries, at both raster orders: plain order (1) and bands of 8
-#: tiles (the first pass's). Neither wins everywhere: bands won 4 % on 4096x28672x4096 (the
-#: swapped 256x208 tile), plain order 10 % on 2048^3 and 2 % on 4096x4096x14336 (H200); bands
-#: of 4 and 8 time alike (within 0.1 %, steady use).
+#: tiles (the first pass's). Which of the two is faster depends on the shape; narrower bands
+#: time like bands of 8, so they are not tried.
 SWEEP_SWIZZLES = (1, 8)
 
 
@@ -186,9 +185,9 @@ def tune(
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
     given), then the `sweep` best binaries within `final_margin` of the best are timed at
     every raster order and at the `SWEEP_SWIZZLES` where the order can matter
-    (`order_matters`; each candidate: `warmup_ms`, longer after the GPU
-    sat idle (`bench.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so
-    that the GPU's clocks move little from one to the next), and at most `finalists` leaders
+    (`order_matters`; each candidate: `warmup_ms`, longer after the GPU sat idle
+    (`measure.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so that the
+    GPU's clocks move little from one to the next), and at most `finalists` leaders
     within `final_margin` of the best each alone in windows of `final_window_ms` taken in turn
     `final_rounds` times; `graph` times CUDA-graph replays (what a caller that captures its
     model in a graph sees); `cublas` adds torch.matmul to the final (`TuneResult.backend` says

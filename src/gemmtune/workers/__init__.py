@@ -4,9 +4,9 @@ Every `tune()`, every `@autotune` tuning and every kernel-cache miss uses the sa
 `compile_pool(target)` (processes that import the DSL once) and `bench_worker(device)` (a
 process with a CUDA context on that GPU). They start on first need, are replaced after a
 fault, stop when they have been idle for `GEMMTUNE_WORKER_IDLE_S` seconds (default 300: each
-compile worker holds a few hundred MB of memory, the benchmark worker a CUDA context) and at
-exit. The second tune of a process therefore pays no process start, no DSL or torch import and
-no CUDA context.
+compile worker holds the DSL in memory, the benchmark worker a CUDA context) and at exit. The
+second tune of a process therefore pays no process start, no DSL or torch import and no CUDA
+context.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ name (`kernels.build.artifact_name`) with an atomic rename, so a tune fills the 
 the next one compiles nothing that is already there (`compile_iter(reuse=True)`).
 
 A compile worker never imports torch: nothing it does touches a tensor, and torch's import
-(which `tvm_ffi` attempts) would double its start-up. A compile that fails is reported; one
-that crashes its worker or outlives `timeout_s` costs that worker, which is replaced.
+(which `tvm_ffi` attempts) would lengthen every worker's start for nothing. A compile that
+fails is reported; one that crashes its worker or outlives `timeout_s` costs that worker,
+which is replaced.
 """
 
 from __future__ import annotations

@@ -95,8 +95,8 @@ class TmaStoreEpilogue:
         # Sub-tiles go out in groups: the group's shared writes, one fence and one barrier,
         # then the store warp's TMA stores (one bulk group per sub-tile). The barrier also
         # frees the next group's buffers, because before it the store warp has waited until
-        # the stores that last read them are done. One barrier per sub-tile spent half of a
-        # 256x208 tile's epilogue in barriers and fences (ncu source counters, H200).
+        # the stores that last read them are done. Barriers and fences, not the stores, bound
+        # the epilogue of a tile of many narrow sub-tiles, hence the groups.
         if is_store_warp:
             cute.arch.cp_async_bulk_wait_group(groups[0][1], read=True)
         self.barrier.arrive_and_wait()

@@ -317,8 +317,7 @@ class HopperGemm:
 
         # With programmatic dependent launch everything above overlaps the tail of the kernel
         # before ours in the stream, and every warp that touches global memory waits here
-        # until that kernel has finished and its writes are visible (1-2 µs saved per launch
-        # of back-to-back GEMMs on an H200, benchmarks/bench_back_to_back.py).
+        # until that kernel has finished and its writes are visible.
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(self.producer_registers)
             if warp_idx == 0:
@@ -404,9 +403,9 @@ class HopperGemm:
 
         thr_mma = tiled_mma.get_slice(thread_in_group)
         # The A/B fragments are shared-memory descriptors, one per warpgroup: slicing by the
-        # warpgroup's first thread (warp-uniform) keeps their arithmetic in uniform registers.
-        # Sliced by the thread index instead, the compiler rebuilt each WGMMA's descriptor in
-        # vector registers every k-tile (about 20 instructions per warp).
+        # warpgroup's first thread (warp-uniform) keeps their arithmetic in uniform registers;
+        # sliced by the thread index, each WGMMA's descriptor is rebuilt in vector registers
+        # every k-tile.
         group_first_thread = 0
         if cutlass.const_expr(self.cooperative):
             group_first_thread = consumer * wg

@@ -50,8 +50,7 @@ def produce(
             load_a = (tma_atom_a, tAgA_tile[(None, k_tile)], tAsA[(None, stage)], a_mcast_mask)
             load_b = (tma_atom_b, tBgB_tile[(None, k_tile)], tBsB[(None, stage)], b_mcast_mask)
             # The operand shared by more CTAs goes first: the partner CTAs' stages complete
-            # only when its slices arrive. With B multicast (cluster 2x1), B first cut L2 read
-            # sectors 4.5 % and sped up 4096-sized GEMMs run for a second by 0.1-0.3 % on an H200.
+            # only when its slices arrive.
             first, second = load_a, load_b
             if cutlass.const_expr(b_multicast > a_multicast):
                 first, second = load_b, load_a
@@ -84,18 +83,18 @@ def mma_tile(
     k-tile i-1 to retire and only then frees its stage. The next k-tile's barrier is tested
     before that wait, so its latency hides behind the tensor cores; but only within the tile.
     The test is a try-wait, which suspends the warpgroup until the stage is full or a
-    hardware time limit passes (4 µs measured on an H200): testing past the tile's last
-    k-tile made the epilogue wait for the next tile's loads, and after a CTA's last tile
-    (whose next stage never fills) for the whole limit. Returns the states to pass on (the
-    next read, and the stage still to be freed).
+    hardware time limit passes: tested past the tile's last k-tile, it would hold the epilogue
+    for the next tile's loads, and after a CTA's last tile (whose next stage never fills) for
+    the whole limit. Returns the states to pass on (the next read, and the stage still to be
+    freed).
     """
     num_k_blocks = cute.size(tCrA, mode=[2])
     release_state = read_state.clone()
     # Where a warpgroup issues several WGMMAs per k-block (128 rows or more of it), ptxas
-    # turned a zero-fill into register moves and a wait for the first WGMMA before the second
-    # could issue, every tile (256x208: 104 moves); there the first k-block's WGMMAs start from
-    # zero instead (scale-d 0: +1.5 % at 8192x8192x512). With one WGMMA per k-block ptxas
-    # folds the fill into it, and the flag made 192x144 direct-store configs spill.
+    # turns a zero-fill into register moves and makes the second WGMMA wait for the first,
+    # every tile; there the first k-block's WGMMAs start from zero instead (scale-d 0). With
+    # one WGMMA per k-block ptxas folds the fill into it, and the flag would cost registers
+    # (192x144 direct-store configs spill with it).
     zero_by_flag = cute.size(tCrA, mode=[1]) > 1
     if cutlass.const_expr(not zero_by_flag):
         accumulators.fill(0.0)

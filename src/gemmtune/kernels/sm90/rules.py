@@ -29,27 +29,25 @@ THREADS_PER_WARPGROUP = 128
 #: 32-bit registers of one SM, all of them for the one CTA it holds.
 REGISTER_FILE = 65536
 #: Registers a consumer thread needs besides its accumulators (addressing, the epilogue's
-#: conversion, the pipeline state) so as not to spill: 256x208 cooperative and 128x208
-#: ping-pong (208 accumulators of 240) compiled without spills.
+#: conversion, the pipeline state) so as not to spill.
 CONSUMER_OVERHEAD_REGISTERS = 32
-#: Split-K's scattered sum needs registers beyond the accumulators: tiles of 192 accumulator
-#: registers per thread (256x192 cooperative, 128x192 ping-pong) spilled, 160 did not.
+#: Split-K's scattered sum needs registers beyond the accumulators: its tiles spill above this
+#: many accumulator registers per thread.
 SPLIT_K_MAX_ACCUMULATOR_REGISTERS = 160
-#: Accumulator registers from which a stream-K tile spills with the grouped epilogue (256x192:
-#: 8 local memory ops, 256x208: 13-24, both with groups or buffers beyond four), so those keep
-#: four buffers and store one sub-tile per barrier.
+#: Accumulator registers from which a tile shared between items spills with the grouped
+#: epilogue, so those keep at most four buffers and store one sub-tile per barrier.
 STREAM_K_GROUPED_EPILOGUE_SPILLS = 192
 #: Registers one WGMMA instruction needs besides its accumulators. ptxas grants a single
 #: instruction no more than the launch's share (65536 / threads, whatever `setmaxnreg` gives
-#: later): with 512 threads an m64n224 WGMMA (112 accumulators) asked for 138 of 128.
+#: later), so wide tiles cannot run with three consumer warpgroups.
 WGMMA_OVERHEAD_REGISTERS = 26
 
-# 192 = three 64-row warpgroups (cuBLAS's 192x192 tile makes 132 tiles of a 2048x2304 output)
+# 192 = three 64-row warpgroups (192x192 tiles cut a 2048x2304 output into 132 tiles)
 TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 192, 256), Schedule.PINGPONG: (64, 128)}
 # multiples of 32; 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
 # leaves 12 idle and wastes most of a column of tiles); 208, as a swapped tile 208 rows of the
 # output tall (4096 x 28672 in 256x208 c1x2 swapped tiles: 1120 cluster units, 16.97 rounds
-# of 66 clusters, where 128x256's 1792 make 27.15 and so 28; 1.032 of cuBLAS, QuACK's pick)
+# of 66 clusters, where 128x256's 1792 units need 28)
 TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144, 208)))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
 EPI_TILE_N = 32
@@ -113,7 +111,7 @@ def max_accumulator_registers(config: GemmConfig) -> int:
 
 def epi_tile(config: GemmConfig) -> tuple[int, int]:
     """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide (16
-    when 32 does not divide the tile; 48 measured no faster on the GPU)."""
+    when 32 does not divide the tile)."""
     return mma_tile_m(config), EPI_TILE_N if config.tile_n % EPI_TILE_N == 0 else 16
 
 
@@ -131,8 +129,7 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     epi_stage_bytes = epi_m * epi_n * signature.out_bytes
     subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
     epi_stages = min(subtiles, 4 if signature.out_bytes == 2 else 2)
-    # two buffers where four would cost an A/B stage: the stage is worth more (four 48-column
-    # buffers in place of an A/B stage measured 5 % slower)
+    # two buffers where four would cost an A/B stage: the stage is worth more
     if epi_stages > 2 and ab_stages(2, epi_stage_bytes) > ab_stages(epi_stages, epi_stage_bytes):
         epi_stages = 2
     stages = ab_stages(epi_stages, epi_stage_bytes)
@@ -140,10 +137,9 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     if tiles_shared and accumulator_registers(config) >= STREAM_K_GROUPED_EPILOGUE_SPILLS:
         return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes)
     # What the A/B stages leave goes to more buffers, up to two tiles' worth, and the epilogue
-    # stores its sub-tiles in groups, one barrier and one fence per group (256x208, 26
-    # sub-tiles in 13 buffers: 6 barriers in place of 27, 0.5 % faster in steady use, H200).
-    # Two groups and one store more fit the buffers, so that claiming a group's buffers never
-    # waits for the stores just issued.
+    # stores its sub-tiles in groups, one barrier and one fence per group. Two groups and one
+    # store more fit the buffers, so that claiming a group's buffers never waits for the
+    # stores just issued.
     spare = SMEM_CAPACITY - SMEM_RESERVED - stages * ab_stage_bytes
     epi_stages = max(epi_stages, min(2 * subtiles, spare // epi_stage_bytes))
     group = max(1, (epi_stages - 1) // 2)
@@ -208,18 +204,16 @@ def implemented_configs(
     return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
 
-#: Tiles that spill with a batch dimension although their accumulators are few: three
-#: consumer warpgroups at 160 registers, found by compiling every config for batched
-#: signatures (192x144: 2-21 local memory ops, 192x160: 5; 192x96, 192x128, 192x192 and
-#: wider compiled clean).
+#: Tiles that spill with a batch dimension although their accumulators are few (three
+#: consumer warpgroups at 160 registers each).
 BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
 
 
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
-    would spill, or None. Found by the compile test of every signature: 256x208 cooperative
-    (208 accumulators) spilled 22-26 registers with a batch index to carry; 128x192 ping-pong
-    with direct stores to an M-major output spilled 4-64; `BATCHED_SPILLING_TILES`."""
+    would spill, or None: more than 192 accumulator registers with a batch index to carry,
+    192 or more stored directly to an M-major output, and `BATCHED_SPILLING_TILES`. The compile
+    test of every signature checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.batched and regs > 192:

@@ -1,0 +1,148 @@
+"""Random calls of `tuned_gemm` for the fuzz test: a case is plain data (sizes, dtypes, layouts,
+slicing, offsets, `out` and `out_dtype`), drawn from a seed, and `make_tensors` builds its
+operands on any device, so the CPU tests check what the generator covers and the GPU test runs
+the same cases.
+
+Sizes mix the ones users meet (tile multiples, ragged, 1) with random ones from 1 to a few
+thousand; most contiguous extents are padded to a multiple of 8 elements so that enough
+cases reach our kernels (16-byte strides) rather than torch.matmul.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = (torch.bfloat16, torch.float16)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+#: allowed |out - reference| per element: a few roundings of the output type relative to the
+#: element, plus an absolute term for sums rounded on the way. Entries of a product of randn
+#: matrices, and its partial sums, grow like sqrt(K), and cuBLAS (which serves what our kernels
+#: do not) may reduce split-K partials in the output type.
+RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10, torch.float32: 2.0**-23}
+PARTIAL_ROUNDINGS = 4
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How one matrix is laid out: its rows x cols, which mode is contiguous, how much wider
+    than its width its buffer's rows are (sliced rows), and how many elements precede it."""
+
+    rows: int
+    cols: int
+    row_major: bool
+    pad: int  # extra elements per contiguous line: a view of a wider buffer
+    offset: int  # leading elements of the storage before the view
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    m: int
+    n: int
+    k: int
+    batch: int  # 0: 2-D operands
+    dtype: torch.dtype
+    a: Operand
+    b: Operand
+    out: Operand | None  # None: tuned_gemm allocates it
+    out_dtype: torch.dtype | None  # `out`'s dtype where there is one, else passed as out_dtype=
+    seed: int
+
+    @property
+    def result_dtype(self) -> torch.dtype:
+        return self.out_dtype or self.dtype
+
+    def describe(self) -> str:
+        parts = [f"{self.m}x{self.n}x{self.k}", f"batch={self.batch}", str(self.dtype)]
+        for name in ("a", "b", "out"):
+            op = getattr(self, name)
+            if op is not None:
+                major = "row" if op.row_major else "col"
+                parts.append(f"{name}:{major},pad={op.pad},offset={op.offset}")
+        parts.append(f"out_dtype={self.out_dtype}")
+        return " ".join(parts)
+
+
+def _extent(rng: random.Random) -> int:
+    kind = rng.random()
+    if kind < 0.1:
+        return 1
+    if kind < 0.25:
+        return rng.randint(2, 16)
+    if kind < 0.45:
+        return 64 * rng.randint(1, 24) + rng.choice((0, 0, 8, -8, 1))  # near a tile multiple
+    return max(1, int(math.exp(rng.uniform(0, math.log(3000)))))
+
+
+def _operand(rng: random.Random, rows: int, cols: int) -> Operand:
+    row_major = rng.random() < 0.6
+    width = cols if row_major else rows
+    pad = 0
+    if rng.random() < 0.85:
+        pad = -width % 8  # rows padded to 16 bytes: ragged widths our kernels can take
+    if rng.random() < 0.25:
+        pad += rng.choice((8, 16, 24, 8, 16, 3))  # sliced out of a wider buffer
+    offset = rng.choice((8, 64, 1)) if rng.random() < 0.2 else 0
+    return Operand(rows, cols, row_major, pad, offset)
+
+
+def draw(seed: int) -> FuzzCase:
+    """The case of `seed`: the same on every machine."""
+    rng = random.Random(seed)
+    m, n, k = _extent(rng), _extent(rng), _extent(rng)
+    batch = rng.choice((2, 3, 4)) if rng.random() < 0.2 else 0
+    dtype = rng.choice(DTYPES)
+    a, b = _operand(rng, m, k), _operand(rng, k, n)
+    out = out_dtype = None
+    roll = rng.random()
+    if roll < 0.35:
+        out_dtype = rng.choice(OUT_DTYPES)
+    elif roll < 0.7:
+        out = _operand(rng, m, n)
+        if rng.random() < 0.5:
+            out_dtype = rng.choice(OUT_DTYPES)  # the dtype `out` is allocated with
+    return FuzzCase(m, n, k, batch, dtype, a, b, out, out_dtype, seed)
+
+
+def _tensor(op: Operand, batch: int, dtype, device, fill: str, generator=None) -> torch.Tensor:
+    lead, line = (op.rows, op.cols) if op.row_major else (op.cols, op.rows)
+    per_matrix = lead * (line + op.pad)
+    count = max(batch, 1)
+    storage = torch.empty(op.offset + count * per_matrix, dtype=dtype, device=device)
+    if fill == "randn":
+        storage.normal_(generator=generator)
+    elif fill == "nan":
+        storage.fill_(math.nan)
+    view = storage[op.offset :].view(count, lead, line + op.pad)[:, :, :line]
+    if not op.row_major:
+        view = view.transpose(1, 2)
+    return view if batch else view[0]
+
+
+def make_tensors(
+    case: FuzzCase, device, *, data: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(a, b, out) of `case` on `device`: randn operands (uninitialised without `data`: enough
+    to plan the call), `out` (if any) all NaN."""
+    fill = "randn" if data else "none"
+    generator = torch.Generator(device=device).manual_seed(case.seed)
+    a = _tensor(case.a, case.batch, case.dtype, device, fill, generator)
+    b = _tensor(case.b, case.batch, case.dtype, device, fill, generator)
+    out = None
+    if case.out is not None:
+        out = _tensor(case.out, case.batch, case.out_dtype or case.dtype, device, "nan")
+    return a, b, out
+
+
+def mismatches(got: torch.Tensor, reference: torch.Tensor, k: int) -> int:
+    """How many elements of `got` lie outside the tolerance of the float32 `reference` (NaN and
+    Inf count as outside)."""
+    atol = PARTIAL_ROUNDINGS * max(EPS[got.dtype], 2.0**-13) * math.sqrt(max(k, 1))
+    allowed = RTOL[got.dtype] * reference.abs() + atol
+    bad = ~((got.float() - reference).abs() <= allowed)
+    return int(bad.sum())

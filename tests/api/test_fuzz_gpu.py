@@ -1,0 +1,138 @@
+"""tuned_gemm against a float32 reference on random calls, element by element (GPU).
+
+Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged and
+size-1 dimensions, bf16/fp16, all four operand layouts, sliced rows, storage offsets, batched
+3-D, `out=` row- or column-major and NaN-poisoned, `out_dtype`. Plans are made by a chooser
+that gives each problem one of a few binaries (data-parallel, stream-K with swapped operands
+and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so the cases
+reach every decomposition without tuning; the binaries are compiled in parallel first.
+
+GEMMTUNE_FUZZ_SEED replays a run (its seed is in every failure message), GEMMTUNE_FUZZ_CASES
+sets how many cases are drawn, GEMMTUNE_FUZZ_SECONDS bounds the run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+import torch
+from fuzz_cases import draw, make_tensors, mismatches
+
+from gemmtune import workers
+from gemmtune.api.choice import ConfigChooser
+from gemmtune.api.dispatch import Dispatcher
+from gemmtune.cache.kernels import KernelCache
+from gemmtune.core.config import Decomposition, GemmConfig, Schedule
+from gemmtune.core.problem import GemmProblem
+from gemmtune.kernels.schedule_model import ceil_div
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90 import rules
+from gemmtune.space.candidates import runtime_variants
+from gemmtune.workers.compiler import CompileJob, compile_all
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+
+MIN_CASES = 1000
+
+FUZZ_BINARIES = (
+    GemmConfig(tile_m=128, tile_n=128),
+    GemmConfig(
+        tile_m=128,
+        tile_n=64,
+        schedule=Schedule.PINGPONG,
+        tma_store=False,
+        decomposition=Decomposition.STREAM_K,
+        swap_ab=True,
+    ),
+    GemmConfig(tile_m=128, tile_n=128, cluster_m=2, decomposition=Decomposition.SPLIT_K, splits=2),
+)
+
+
+class FuzzChooser(ConfigChooser):
+    """One of `FUZZ_BINARIES` that serves the problem, at runtime fields drawn from the
+    problem's sizes; None (torch.matmul) where none serves."""
+
+    def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
+        k_tiles = ceil_div(problem.k, rules.TILE_K)
+        serving = [
+            variants
+            for c in FUZZ_BINARIES
+            if rules.serves(c, problem) is None
+            for variants in [runtime_variants(c, k_tiles)]
+            if variants  # split-K needs two k-tiles
+        ]
+        if not serving:
+            return None
+        rng = random.Random(hash((problem.m, problem.n, problem.k, problem.l)))
+        return rng.choice(rng.choice(serving))
+
+
+def _call_arguments(case, out) -> dict:
+    return {"out": out} if out is not None else {"out_dtype": case.out_dtype}
+
+
+def _precompile(cases, chooser: FuzzChooser, cache: KernelCache) -> int:
+    jobs = set()
+    for case in cases:
+        a, b, out = make_tensors(case, "cuda", data=False)
+        problem = GemmProblem.from_tensors(a, b, out, None if out is not None else case.out_dtype)
+        if problem.supported:
+            config = chooser.config_for(problem, "heuristic")
+            if config is not None:
+                jobs.add(CompileJob(config, KernelSignature.of(problem)))
+    outcomes = compile_all(
+        sorted(jobs, key=lambda j: j.name), cache.folder, workers.compile_pool("sm_90a")
+    )
+    failed = [o for o in outcomes if o.error]
+    assert not failed, f"{len(failed)} fuzz binaries failed to compile: {failed[0].error}"
+    return len(jobs)
+
+
+def test_fuzz_tuned_gemm_element_by_element(tmp_path):
+    seed = int(os.environ.get("GEMMTUNE_FUZZ_SEED", time.time_ns() % 1_000_000))
+    count = int(os.environ.get("GEMMTUNE_FUZZ_CASES", 1200))
+    budget_s = float(os.environ.get("GEMMTUNE_FUZZ_SECONDS", 300))
+    cases = [draw(seed * 100_000 + i) for i in range(count)]
+    chooser = FuzzChooser()
+    dispatcher = Dispatcher(chooser)
+    cache = dispatcher.kernel_caches["sm_90a"] = KernelCache("sm_90a", tmp_path / "kernels")
+    binaries = _precompile(cases, chooser, cache)
+
+    failures: list[str] = []
+    served = done = 0
+    start = time.monotonic()
+    for case in cases:
+        if time.monotonic() - start > budget_s:
+            break
+        a, b, out = make_tensors(case, "cuda")
+        kwargs = _call_arguments(case, out)
+        try:
+            got = dispatcher(a, b, **kwargs)
+            plan = dispatcher.plan(a, b, **kwargs)
+        except Exception as exc:  # every failure is reported with its case
+            failures.append(f"case {case.seed}: {case.describe()}: raised {exc!r}")
+            continue
+        done += 1
+        served += plan.config is not None
+        reference = torch.matmul(a.float(), b.float())
+        if got.shape != reference.shape or got.dtype != case.result_dtype:
+            failures.append(f"case {case.seed}: {case.describe()}: {got.shape} {got.dtype}")
+        elif out is not None and got.data_ptr() != out.data_ptr():
+            failures.append(f"case {case.seed}: {case.describe()}: result is not `out`")
+        else:
+            bad = mismatches(got, reference, case.k)
+            if bad:
+                config = plan.config.key if plan.config else "torch.matmul"
+                failures.append(f"case {case.seed}: {case.describe()}: {bad} wrong ({config})")
+    torch.cuda.synchronize()
+    summary = (
+        f"seed {seed} (GEMMTUNE_FUZZ_SEED): {done} cases, {served} on our kernels "
+        f"({binaries} binaries), {len(failures)} failed"
+    )
+    print(summary)
+    assert not failures, summary + "\n" + "\n".join(failures[:20])
+    assert done >= MIN_CASES, summary + f": fewer than {MIN_CASES} in {budget_s:.0f} s"
+    assert served >= done // 4, summary + ": too few cases reached our kernels"
