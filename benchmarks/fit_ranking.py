@@ -1,16 +1,18 @@
 """Fit the ranking model's constants to exhaustive timings, and measure how well it ranks.
 
-Reads `results/timings-<gpu>-<date>.json.gz` (`collect_timings.py`), fits each family's
-(µs per k-tile, µs per item) by weighted least squares on its data-parallel timings, picks the
-partial-tile costs, split-K wait, compute/memory overlap penalty and HBM re-read fraction of
-operands shared between clusters that rank best, and writes
-`src/gemmtune/space/calibration_sm_90.json`.
-Then, shape by shape, replays the tuner on the measured data: the model's top k configs, the
-runtime sweep (raster x swizzle) of the best two, against the exhaustive best; each shape is
-also replayed with its own timings left out of the fit (leave-one-shape-out), the honest
-figure for shapes the model has not seen. The table goes to `ranking-<gpu>-<date>.json`.
+Reads `results/timings-<gpu>-<date>.json.gz` (`python -m benchmarks timings`), fits each
+family's (µs per k-tile, µs per item) by weighted least squares on its data-parallel timings,
+picks the partial-tile costs, split-K wait, compute/memory overlap penalty and HBM re-read
+fraction of operands shared between clusters that rank best, and writes
+`src/gemmtune/space/calibration_sm_90.json`. Then, shape by shape, replays the tuner on the
+measured data: the model's top k configs, the runtime sweep (raster x swizzle) of the best two,
+against the exhaustive best; each shape is also replayed with its own timings left out of the
+fit (leave-one-shape-out), the honest figure for shapes the model has not seen. The table goes
+to `ranking-<gpu>-<date>.json`.
 
-    python benchmarks/fit_ranking.py results/timings-h200-2026-11-22.json.gz
+A CPU tool, not a suite:
+
+    python -m benchmarks.fit_ranking benchmarks/results/timings-h200-2026-11-22.json.gz
 """
 
 from __future__ import annotations
@@ -19,16 +21,13 @@ import argparse
 import gzip
 import itertools
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS
-
+from benchmarks.common import RESULTS, gpu_tag
 from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
@@ -123,15 +122,17 @@ def replay(model: RankingModel, shape: tuple, timed: list, top_k: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fit_ranking", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("timings", type=Path)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data = load(args.timings)
     with gzip.open(args.timings) as f:
-        date = json.load(f)["date"]
+        measured = json.load(f)  # where and when: the ranking file is named for it
     device = DeviceModel()
 
     def score(calibration, shapes):
@@ -183,9 +184,9 @@ def main() -> None:
         )
     doc = {
         "what": "tuning",
-        "gpu": "NVIDIA H200",
-        "sms": 132,
-        "date": date,
+        "gpu": measured["gpu"],
+        "sms": measured["sms"],
+        "date": measured["date"],
         "method": (
             f"replayed on {args.timings.name}: the ranking model's top {args.top_k} configs at "
             f"default raster/swizzle, plus the raster x swizzle sweep of the best "
@@ -196,10 +197,12 @@ def main() -> None:
         "calibration": {k: v for k, v in calibration.items() if k != "families"},
         "rows": rows,
     }
-    out = args.out_dir / f"ranking-h200-{doc['date']}.json"
+    out = args.out_dir / f"ranking-{gpu_tag(measured['gpu'])}-{measured['date']}.json"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out} and {CALIBRATION}")
+    print(f"wrote {CALIBRATION}")
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _EXPORTS = {
     "tuned_gemm": "gemmtune.api.dispatch",
+    "plan": "gemmtune.api.dispatch",
     "autotune": "gemmtune.tuning.autotune",
     "GemmConfig": "gemmtune.core.config",
     "GemmProblem": "gemmtune.core.problem",
@@ -35,6 +36,7 @@ __all__ = [
     "TunedLinear",
     "__version__",
     "autotune",
+    "plan",
     "start_workers",
     "tune",
     "tuned_gemm",
@@ -42,7 +44,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gemmtune.api.dispatch import tuned_gemm
+    from gemmtune.api.dispatch import plan, tuned_gemm
     from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear
     from gemmtune.core.config import GemmConfig
     from gemmtune.core.problem import GemmProblem

@@ -110,6 +110,18 @@ def test_off_is_torch_matmul_and_wrong_calls_raise():
         tuned_gemm(a, b, mode="tune")
 
 
+def test_plan_says_what_serves_a_call_and_why():
+    import gemmtune
+
+    a, b = torch.randn(8, 16), torch.randn(3, 16, 4)
+    plan = gemmtune.plan(a, b, mode="off")
+    assert plan.config is None and "off" in str(plan.reason)
+    assert plan.torch_op is torch.matmul  # broadcast: torch.matmul's rules
+    assert gemmtune.plan(a, b[0], mode="off").torch_op is torch.mm
+    assert gemmtune.plan(b, b.transpose(1, 2), mode="off").torch_op is torch.bmm
+    torch.testing.assert_close(tuned_gemm(a, b, mode="off"), a @ b)
+
+
 def record_of(measured, shape):
     """A record as a tune of `shape` leaves it: `measured` (config key, ms), fastest first."""
     from gemmtune.cache.results import TunedRecord

@@ -15,7 +15,6 @@ from gemmtune.kernels.schedule_model import (
     balanced_range,
     make_schedule,
     part_of,
-    suggest_decomposition,
 )
 
 
@@ -233,32 +232,6 @@ def test_every_k_tile_once_every_tile_written_once(grid, k_tiles, resident, deco
     check_schedule(schedule)
     if decomposition == "stream_k":
         check_stream_k_order(schedule)
-
-
-@settings(max_examples=100, deadline=None)
-@given(grid=grids, k_tiles=st.integers(1, 600), resident=st.integers(1, 132))
-def test_the_suggestion_is_a_valid_schedule(grid, k_tiles, resident):
-    decomposition, splits = suggest_decomposition(grid, k_tiles, resident)
-    assert decomposition in ("data_parallel", "split_k", "stream_k")
-    assert 1 <= splits <= 16
-    check_schedule(make_schedule(decomposition, grid, k_tiles, resident, splits=splits))
-
-
-@pytest.mark.parametrize(
-    ("m", "n", "k", "expected"),
-    [
-        (4096, 4096, 4096, "data_parallel"),  # 512 units of 128x256: a 7/8-full last wave
-        (512, 512, 32768, "split_k"),  # 8 units leave most SMs idle, K is long
-        (1024, 4352, 4096, "stream_k"),  # 136 units: a nearly empty second wave
-        (2048, 2304, 8192, "stream_k"),  # 144 units: a second wave of 12
-        (2048, 6144, 8192, "data_parallel"),  # 384 units: a third wave of 120
-        (1024, 2304, 4096, "data_parallel"),  # 72 units: one wave, more than half full
-        (128, 128, 128, "data_parallel"),  # one tiny unit, K too short to split
-    ],
-)
-def test_suggestions_on_known_shapes(m, n, k, expected):
-    grid = TileGrid(m, n, 1, 128, 256)
-    assert suggest_decomposition(grid, -(-k // 64), 132)[0] == expected
 
 
 def test_the_simulation_finds_a_deadlock():

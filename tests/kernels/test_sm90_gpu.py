@@ -97,7 +97,7 @@ sm90_64x208_c1x1_swap_pp_st_dp     |      8x1000x640x1 | tn | bf16 bf16 | n
 sm90_128x208_c2x2_coop_tma_streamk | 1000x1528x2056x1 | nn | bf16 bf16 | n
 sm90_128x256_c2x1_swap_coop_tma_streamk | 1000x1528x2056x2 | nt | bf16 fp32 | m
 sm90_128x128_c1x1_swap_coop_tma_sk4 |   520x512x32768x1 | tt | bf16 bf16 | n
-sm90_192x192_c1x2_swap_coop_st_dp  |        1x8x64x1 | nn | fp16 fp16 | m
+sm90_192x192_c1x2_swap_coop_st_dp  |        8x8x64x1 | nn | fp16 fp16 | m
 """
 
 

@@ -203,3 +203,17 @@ def tuned_gemm(
     dispatches. What our kernels do not serve goes to torch.matmul; wrong calls raise.
     """
     return DISPATCHER(a, b, out, out_dtype, mode)
+
+
+def plan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    mode: str | None = None,
+) -> Plan:
+    """How `tuned_gemm` computes `a @ b` with these arguments: the `Plan` a call makes (tuning
+    first in mode "tune" where the cache lacks the bucket), whose `config` is the kernel that
+    runs, or None with the `reason` torch serves."""
+    return DISPATCHER.plan(a, b, out, out_dtype, mode)

@@ -421,25 +421,3 @@ def make_schedule(
         # stream-K keeps every resident cluster busy, even when there are fewer units
         return StreamKSchedule(grid_clusters=max_active_clusters, **common)
     return DataParallelSchedule(grid_clusters=clusters, **common)
-
-
-def suggest_decomposition(
-    grid: TileGrid, k_tiles: int, max_active_clusters: int
-) -> tuple[str, int]:
-    """A first guess at (decomposition, splits) for a problem, before anything is timed.
-
-    The rule follows CUTLASS's: data-parallel when the last wave is empty or at least half
-    full (a single wave included); stream-K when whole waves run and the last one is thin;
-    split-K when the units leave more than half of the GPU idle and K is long enough to give
-    each split at least four k-tiles.
-    """
-    units, clusters = grid.work_units, max_active_clusters
-    tail = units % clusters
-    if tail == 0 or 2 * tail >= clusters:
-        return "data_parallel", 1
-    if units > clusters:
-        return "stream_k", 1
-    splits = min(16, clusters // units, k_tiles // 4)
-    if splits >= 2:
-        return "split_k", splits
-    return ("stream_k", 1) if k_tiles >= 8 else ("data_parallel", 1)

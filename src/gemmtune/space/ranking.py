@@ -50,7 +50,7 @@ from gemmtune.kernels.sm90.rules import TILE_K
 #: this fraction of the family's time per k-tile.
 NARROW_SWIZZLE_COST = 0.05
 SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
-#: The layout the families are fitted on (`collect_timings.py`): row-major a and b.
+#: The layout the families are fitted on (`python -m benchmarks timings`): row-major a and b.
 FITTED_MAJORS = ("k", "n")
 
 

@@ -1,4 +1,4 @@
-"""Our Hopper kernel against cuBLAS on the public shape suite (issue 3's speed bar).
+"""Our kernels alone against cuBLAS on the public shape suite: a broad search per shape.
 
 For every shape and dtype: the same `torch.randn` tensors for every contender; each candidate
 is checked against a float32 reference (outputs poisoned with NaN first) before it is timed.
@@ -6,28 +6,27 @@ Candidates are screened with a few runs; the best few and the best of each sched
 decomposition get their raster and swizzle swept (each variant alone in short windows, in
 turn); those finalists and cuBLAS (`torch.mm`) are timed the way the baselines
 (`baselines-h200.json`) were, with triton's `do_bench` (25 ms warm-up, 100 ms of runs, L2
-cleared before each, median), in turn three times; the best is timed against cuBLAS again,
-five times in turn, for the reported numbers.
+cleared before each, median), in `FINAL_ROUNDS` alternating rounds; the pick is timed against
+cuBLAS again, `CONFIRM_ROUNDS` rounds, for the reported numbers (the winner of several noisy
+medians is biased fast).
 
 Why windows and not run by run in turn: at its power cap an H200's clocks follow the power of
 what it ran over the last milliseconds, so interleaved contenders share the clocks of their mix
 and a kernel that spends more energy per FLOP looks faster than it runs on its own.
 
-    python benchmarks/bench_kernel.py --out-dir $OUT
+    python -m benchmarks kernel --out-dir DIR [--shapes a,b] [--dtypes bf16,fp16]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
+from benchmarks.common import (
     DTYPES,
     RESULTS,
     TOLERANCE,
@@ -38,7 +37,6 @@ from common import (
     load_shapes,
     write_results,
 )
-
 from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
@@ -46,6 +44,8 @@ from gemmtune.kernels.signature import KernelSignature
 from gemmtune.measure.timing import L2Flusher, time_cuda, time_in_windows
 from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
+
+SUITE_HELP = "our kernels' broad search per shape against cuBLAS in do_bench windows"
 
 # Tile shapes that fill an SM's tensor cores without spilling, each with the cluster shapes
 # that multicast the operand the tile shares most.
@@ -112,7 +112,7 @@ SWEPT = 5
 SWEEP_WINDOW_MS = 20.0
 FINAL_ROUNDS = 4
 CONFIRM_ROUNDS = 6
-log = logging.getLogger("bench_kernel")
+log = logging.getLogger(__name__)
 
 
 def compile_candidates(dtypes: list[str], workers: int) -> dict:
@@ -239,8 +239,8 @@ def bench_shape(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks kernel", description=SUITE_HELP)
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     parser.add_argument("--workers", type=int, default=15)
@@ -248,10 +248,10 @@ def main() -> None:
     parser.add_argument(
         "--data-parallel-only", action="store_true", help="leave split-K and stream-K out"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     dtypes = args.dtypes.split(",")
-    shapes = [s for s in load_shapes() if not args.shapes or s["name"] in args.shapes.split(",")]
+    shapes = load_shapes(args.shapes)
     kernels = compile_candidates(dtypes, args.workers)
     flush = L2Flusher()
     rows = []
@@ -271,18 +271,15 @@ def main() -> None:
         f"each variant alone in {SWEEP_WINDOW_MS:.0f} ms windows in turn twice (CUDA events, "
         f"L2 flushed before each run, median); those finalists and cuBLAS (torch.mm) timed "
         f"with triton.testing.do_bench (warmup 25 ms, rep 100 ms, L2 cleared each rep, "
-        f"median), in turn {FINAL_ROUNDS} times (every other round reversed), median of "
-        f"each's, picking ours "
-        f"(selection_ratio); the pick and cuBLAS timed that way again, in turn "
-        f"{CONFIRM_ROUNDS} times, every other round reversed: ours_ms, cublas_ms, ratio; "
-        f"inputs torch.randn, A (m,k) and "
-        f"B (k,n) row-major, output row-major, same tensors for every contender; every "
-        f"candidate verified against a float32 reference (rel. Frobenius error < {TOLERANCE}) "
-        f"before timing"
+        f"median), in turn {FINAL_ROUNDS} times (every other round reversed), median of each's, "
+        f"picking ours (selection_ratio); the pick and cuBLAS timed that way again, in turn "
+        f"{CONFIRM_ROUNDS} times, every other round reversed: ours_ms, cublas_ms, ratio; inputs "
+        f"torch.randn, A (m,k) and B (k,n) row-major, output row-major, same tensors for every "
+        f"contender; every candidate verified against a float32 reference (rel. Frobenius "
+        f"error < {TOLERANCE}) before timing"
     )
-    path = write_results("kernel", method, rows, args.out_dir)
-    print(f"wrote {path}")
+    return write_results("kernel", method, rows, args.out_dir)
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

@@ -13,13 +13,18 @@ Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
 - helpers: in a new process, how long compile workers (1, then 8 at once) and the benchmark
   worker take to start, and a worker's first and second compile;
 - autotune: `@gemmtune.autotune` with 3 configs of a sub-millisecond function
-  (`autotune_subject.py`) in a new process: the first call to the winner, then a new key.
+  (`benchmarks/autotune_subject.py`) in a new process: the first call to the winner, then a
+  new key.
 `top_k_vs_exhaustive`: the cold tune's choice (our kernel or cuBLAS) and the three best configs
-of the exhaustive search (`collect_timings.py`) timed again side by side, each alone in 50 ms
-windows taken in turn 3 times (the tuner's final), L2 flushed before each run:
+of the exhaustive search (`python -m benchmarks timings`) timed again side by side, each
+alone in 50 ms windows taken in turn 3 times (the tuner's final), L2 flushed before each run:
 exhaustive best ms / chosen ms.
 
-    python benchmarks/bench_tuning_cost.py --out-dir $OUT [--shapes a,b] [--phases ...]
+    python -m benchmarks tuning-cost --out-dir DIR [--shapes a,b] [--phases cold,warm,...]
+
+Each phase runs in new processes (`python -m benchmarks.tuning_cost --child PHASE`) with the
+repository root on their PYTHONPATH: the benchmark worker of `@autotune` imports the subject
+by its module name, `benchmarks.autotune_subject`.
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.common import RESULTS, load_shapes, write_results
+
+SUITE_HELP = "wall time of a tune: cold and warm processes, cached binaries, 4 at once, @autotune"
+
+REPO = Path(__file__).resolve().parents[1]
 PHASES = ("helpers", "cold", "warm", "cached", "concurrent", "autotune")
+#: the prefix of a child's result lines on its standard output
 ROW = "ROW "
 
 
 def emit(row: dict) -> None:
+    """Report a result row to the parent process."""
     print(ROW + json.dumps(row), flush=True)
 
 
@@ -138,6 +149,7 @@ def winner_rank(result) -> int | None:
 
 
 def child(mode: str, shapes: list[dict]) -> None:
+    """Run one phase in this (new) process, reporting rows with `emit`."""
     if mode == "helpers":
         helper_costs()
     elif mode == "cold":
@@ -161,7 +173,8 @@ def child(mode: str, shapes: list[dict]) -> None:
         emit({**row, "winner": key[1].config, "tuned_here": "compile_s" in row})
     elif mode == "autotune":
         import torch
-        from autotune_subject import chunked_matmul
+
+        from benchmarks.autotune_subject import chunked_matmul
 
         x, w = operands(2048, 1024, 1024)
         torch.cuda.synchronize()
@@ -181,22 +194,28 @@ def child(mode: str, shapes: list[dict]) -> None:
         emit({"what": "autotune_next", "ms": round(nxt * 1e3, 1), "runs": 1, **timelines[1]})
 
 
+def child_environment(cache: Path) -> dict[str, str]:
+    """A child's environment: the cache folder `cache`, and the repository root first on
+    PYTHONPATH, so that `benchmarks.*` imports from any working directory, in the child and in
+    the helper processes it spawns."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "GEMMTUNE_CACHE_DIR": str(cache), "PYTHONPATH": path}
+
+
+def child_command(mode: str, shapes: list[dict]) -> list[str]:
+    names = ",".join(s["name"] for s in shapes)
+    return [sys.executable, "-m", "benchmarks.tuning_cost", "--child", mode, "--shapes", names]
+
+
 def run_child(mode: str, shapes: list[dict], cache: Path, timeout: float = 300) -> list[dict]:
-    env = {**os.environ, "GEMMTUNE_CACHE_DIR": str(cache), "PYTHONPATH": str(HERE)}
-    env["PYTHONPATH"] += os.pathsep + os.environ.get("PYTHONPATH", "")
+    """Run phase `mode` in a new process on the cache folder `cache`: its rows, each with the
+    process's wall time."""
     start = time.perf_counter()
     done = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            mode,
-            "--shapes",
-            ",".join(s["name"] for s in shapes),
-        ],
+        child_command(mode, shapes),
         capture_output=True,
         text=True,
-        env=env,
+        env=child_environment(cache),
         timeout=timeout,
     )
     wall = time.perf_counter() - start
@@ -211,6 +230,7 @@ def run_child(mode: str, shapes: list[dict], cache: Path, timeout: float = 300) 
 
 
 def exhaustive_leaders(path: Path) -> dict[str, list[str]]:
+    """The three fastest configs of each shape in a `timings` results file."""
     with gzip.open(path) as f:
         by_shape = defaultdict(list)
         for r in json.load(f)["rows"]:
@@ -250,29 +270,25 @@ def against_exhaustive(row: dict, leaders: list[str]) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="")
-    parser.add_argument("--phases", default=",".join(PHASES))
-    parser.add_argument("--child", choices=PHASES, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--exhaustive", type=Path, default=HERE / "results" / "timings-h200-2026-11-22.json.gz"
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks tuning-cost", description=SUITE_HELP
     )
-    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
-    args = parser.parse_args()
-    sys.path.insert(0, str(HERE))
-    from common import load_shapes
-
-    shapes = load_shapes()
-    if args.shapes:
-        wanted = args.shapes.split(",")
-        shapes = sorted(
-            (s for s in shapes if s["name"] in wanted), key=lambda s: wanted.index(s["name"])
-        )
-    if args.child:
-        child(args.child, shapes)
-        return
+    parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"of {', '.join(PHASES)}")
+    parser.add_argument(
+        "--exhaustive",
+        type=Path,
+        default=RESULTS / "timings-h200-2026-11-22.json.gz",
+        help="the `timings` results the cold tunes' choices are compared with",
+    )
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    shapes = load_shapes(args.shapes)
     phases = args.phases.split(",")
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        parser.error(f"unknown phases {unknown}")
     rows: list[dict] = []
     if "helpers" in phases:
         for row in run_child("helpers", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-h-"))):
@@ -308,16 +324,11 @@ def main() -> None:
     if "concurrent" in phases:
         shape = shapes[0]
         alone = run_child("concurrent", [shape], Path(tempfile.mkdtemp(prefix="gemmtune-one-")))
-        cache = Path(tempfile.mkdtemp(prefix="gemmtune-four-"))
-        env = {**os.environ, "GEMMTUNE_CACHE_DIR": str(cache)}
-        env["PYTHONPATH"] = str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        env = child_environment(Path(tempfile.mkdtemp(prefix="gemmtune-four-")))
         start = time.perf_counter()
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--child", "concurrent", "--shapes", shape["name"]],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=env,
+                child_command("concurrent", [shape]), stdout=subprocess.PIPE, text=True, env=env
             )
             for _ in range(4)
         ]
@@ -349,13 +360,18 @@ def main() -> None:
         for row in run_child("autotune", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-at-"))):
             rows.append(row)
             print(f"{row['what']}: {row['ms']} ms {row}")
-    from common import write_results
+    method = __doc__.split("\n\n")[1].replace("\n", " ")  # the phases, as described above
+    return write_results("tuning-cost", method, rows, args.out_dir)
 
-    path = write_results(
-        "tuning-cost", __doc__.split("\n\n")[1].replace("\n", " "), rows, args.out_dir
-    )
-    print(f"wrote {path}")
+
+def child_main(argv: list[str]) -> None:
+    """The entry of a phase's process (`child_command`)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tuning_cost")
+    parser.add_argument("--child", choices=PHASES, required=True)
+    parser.add_argument("--shapes", default="")
+    args = parser.parse_args(argv)
+    child(args.child, load_shapes(args.shapes))
 
 
 if __name__ == "__main__":
-    main()
+    child_main(sys.argv[1:])

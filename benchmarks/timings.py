@@ -6,11 +6,11 @@ of each shape swept over raster order and swizzle. Each candidate is verified ag
 reference, then timed: CUDA events, 5 ms warm-up, L2 flushed before each run, median of
 `--runs`. The rows are the ground truth the ranking model is measured (and calibrated) against.
 
-    python benchmarks/collect_timings.py --out-dir $OUT
+    python -m benchmarks timings --out-dir DIR [--shapes a,b]
 
-`--match '_(192x|256x160_)' --merge results/timings-....json.gz` times only the binaries
-whose key the regular expression finds and keeps the earlier file's rows of every other
-binary (after a change to some families only).
+`--match '_(192x|256x160_)' --merge benchmarks/results/timings-....json.gz` times only the
+binaries whose key the regular expression finds and keeps the earlier file's rows of every
+other binary (after a change to some families only).
 """
 
 from __future__ import annotations
@@ -21,14 +21,12 @@ import gzip
 import json
 import logging
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (
+from benchmarks.common import (
     RESULTS,
     TOLERANCE,
     compile_and_load,
@@ -37,7 +35,6 @@ from common import (
     tflops,
     write_results,
 )
-
 from gemmtune.core.config import Decomposition, Raster
 from gemmtune.core.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args
@@ -48,9 +45,11 @@ from gemmtune.measure.timing import L2Flusher, time_cuda
 from gemmtune.measure.verify import relative_error
 from gemmtune.workers.compiler import CompileJob
 
+SUITE_HELP = "every binary timed on the shape suite: the data the ranking model is fitted to"
+
 SPLITS = (2, 3, 4, 6, 8, 12, 16)
 SWEPT_BINARIES = 12
-log = logging.getLogger("collect_timings")
+log = logging.getLogger(__name__)
 
 
 class ShapeRun:
@@ -81,15 +80,15 @@ class ShapeRun:
         return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks timings", description=SUITE_HELP)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=15)
-    parser.add_argument("--shapes", default="")
+    parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--match", default="", help="time only binaries whose key this regex finds")
     parser.add_argument("--merge", type=Path, help="earlier timings: keep its other rows")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = [
         c
@@ -119,9 +118,7 @@ def main() -> None:
             f"; binaries with '{args.match}' in their key timed on {datetime.date.today()}, "
             f"the others' rows from {args.merge.name} (its method: {earlier['method']})"
         )
-    for shape in load_shapes():
-        if args.shapes and shape["name"] not in args.shapes.split(","):
-            continue
+    for shape in load_shapes(args.shapes):
         m, n, k = shape["m"], shape["n"], shape["k"]
         run = ShapeRun(m, n, k, kernels, flush, args.runs)
         start = time.perf_counter()
@@ -170,9 +167,9 @@ def main() -> None:
             flush=True,
         )
         # after every shape, so that a run cut short keeps what it measured
-        path = write_results("timings", method, rows, args.out_dir, compress=True)
-    print(f"wrote {path}")
+        write_results("timings", method, rows, args.out_dir, compress=True)
+    return write_results("timings", method, rows, args.out_dir, compress=True)
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

@@ -1,4 +1,4 @@
-"""What the caches cost and save (issue 6).
+"""What the caches cost and save.
 
 1. First call with warm caches: a process tunes a problem (filling both caches in a fresh
    cache folder); a fresh process then imports gemmtune and makes the first `tuned_gemm` call
@@ -8,7 +8,7 @@
 3. Bucketing: for shapes inside one power-of-two bucket, the bucket's winner (tuned on the
    bucket's first shape) against the winner of an exact tune of each shape, side by side.
 
-    python benchmarks/bench_cache.py --out-dir $OUT
+    python -m benchmarks cache --out-dir DIR
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_results
+from benchmarks.common import RESULTS, write_results
+
+SUITE_HELP = "what the kernel and results caches cost and save: first calls, hits, buckets"
 
 FIRST_CALL = """
 import cProfile, io, json, pstats, sys, time
@@ -56,6 +58,8 @@ print(json.dumps({{"import_and_setup_s": t1 - t0, "first_call_ms": (t2 - t1) * 1
 
 
 def in_fresh_process(code: str, cache: Path, profile_to: Path | None = None) -> dict:
+    """Run `code` in a new Python process on the cache folder `cache`: the JSON it prints
+    last; with `profile_to`, its standard error (the profile) is written there."""
     env = dict(os.environ, GEMMTUNE_CACHE_DIR=str(cache))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -65,7 +69,9 @@ def in_fresh_process(code: str, cache: Path, profile_to: Path | None = None) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def host_us(fn, calls: int = 1000) -> float:
+def host_us(fn: Callable[[], object], calls: int = 1000) -> float:
+    """The median host time of one call of `fn`, in µs (the GPU drained every 200 calls, so
+    that the launch queue never fills)."""
     for _ in range(100):
         fn()
     torch.cuda.synchronize()
@@ -131,10 +137,11 @@ def bucketing(folder: Path) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks cache", description=SUITE_HELP)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)  # the first call's profile goes there
     rows = []
     m, n, k = 4096, 4096, 4096
     with tempfile.TemporaryDirectory(prefix="gemmtune-cache-") as folder:
@@ -170,14 +177,15 @@ def main() -> None:
         )
 
         os.environ["GEMMTUNE_CACHE_DIR"] = str(cache)
-        from gemmtune.api.dispatch import DISPATCHER, tuned_gemm
+        from gemmtune.api.dispatch import plan, tuned_gemm
 
         a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-        tuned_gemm(a, b, out=out, mode="heuristic")
-        plan = next(p for p in DISPATCHER.plans.values() if p is not None)
-        direct = host_us(lambda: plan.function(a, b, out, *plan.args))
+        cached = plan(a, b, out=out, mode="heuristic")
+        if cached.launcher is None:
+            raise SystemExit(f"no kernel of ours serves 256^3 here: {cached.reason}")
+        direct = host_us(lambda: cached.launcher(a, b, out, *cached.args))
         hit = host_us(lambda: tuned_gemm(a, b, out=out, mode="heuristic"))
         rows.append({"what": "launch_direct", "us": round(direct, 2), "runs": 1000})
         rows.append(
@@ -196,8 +204,8 @@ def main() -> None:
         "filled by a previous process), until the result is ready; overheads: host time per "
         "call (perf_counter_ns), median of 1000 after 100 warm-up calls, 256x256x256 bf16"
     )
-    print(f"wrote {write_results('cache', method, rows, args.out_dir)}")
+    return write_results("cache", method, rows, args.out_dir)
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

@@ -1,0 +1,1 @@
+"""The benchmark suites of gemmtune: `python -m benchmarks --list`."""

@@ -1,0 +1,100 @@
+"""The public shape suite: tuned_gemm, and our kernels alone, against cuBLAS on the same tensors.
+
+Per dtype, two runs of `gemmtune bench --json` (the product's own benchmark,
+`gemmtune.cli.bench.compare_with_cublas`: per shape, one tuned_gemm call, which tunes the
+shape's bucket, a check against a float32 reference, then tuned_gemm and torch.matmul on the
+same `torch.randn` tensors, each alone in windows taken in turn, cold L2). Each run is a new
+process with an empty cache folder, so the two never share a tuning record: one with cuBLAS
+among the tuning's candidates (`"contender": "tuned_gemm"`), one without (`GEMMTUNE_CUBLAS=0`,
+`"contender": "kernels"`: our kernels alone). Rows are kernel rows; ratio = cublas_ms /
+ours_ms, above 1: gemmtune is faster.
+
+    python -m benchmarks public --out-dir DIR [--dtype bf16 fp16] [--shapes FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import RESULTS, write_results
+from gemmtune.api.choice import CUBLAS_ENV
+from gemmtune.cli.bench import load_shape_suite
+from gemmtune.core.dtypes import KERNEL_INPUTS
+
+SUITE_HELP = "the public shape suite: tuned_gemm and our kernels alone against cuBLAS"
+
+#: contender -> the value of GEMMTUNE_CUBLAS its tuning runs with
+CONTENDERS = {"tuned_gemm": "1", "kernels": "0"}
+
+
+def bench_run(dtype: str, cublas: str, shapes: Path | None) -> dict:
+    """The results document of one `gemmtune bench --json` run, in a new process on an empty
+    cache folder, with GEMMTUNE_CUBLAS=`cublas`."""
+    command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
+    if shapes is not None:
+        command += ["--shapes", str(shapes)]
+    with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
+        env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if not done.stdout.strip():
+        raise SystemExit(f"gemmtune bench printed no results:\n{done.stderr[-3000:]}")
+    if done.returncode:  # a shape failed or computed a wrong result: its row says which
+        print(done.stderr[-2000:], file=sys.stderr)
+    return json.loads(done.stdout)
+
+
+def describe(row: dict) -> str:
+    """One line of progress for a row."""
+    head = f"{row['contender']:>10} {row.get('dtype', '')} {row.get('shape', '?'):>20}"
+    if "error" in row:
+        return f"{head}: {row['error']}"
+    wrong = "" if row.get("correct", True) else "  WRONG RESULT"
+    return f"{head}: ratio {row['ratio']:.3f}  {row['config']}{wrong}"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks public", description=SUITE_HELP)
+    parser.add_argument("--dtype", nargs="+", default=["bf16"], choices=KERNEL_INPUTS)
+    parser.add_argument(
+        "--shapes", type=Path, metavar="FILE", help="a shape suite (default: gemmtune's own)"
+    )
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
+    print(f"{len(shapes)} shapes, {' '.join(args.dtype)}, contenders {', '.join(CONTENDERS)}")
+    rows, methods = [], set()
+    for dtype in args.dtype:
+        for contender, cublas in CONTENDERS.items():
+            document = bench_run(dtype, cublas, args.shapes)
+            # the bench's method names the dtype; the dtypes are listed once below
+            methods.add(document["method"].rsplit(";", 1)[0])
+            for row in document["rows"]:
+                row.setdefault("dtype", dtype)  # error rows carry only the shape
+                row["contender"] = contender
+                print(describe(row), flush=True)
+            rows += document["rows"]
+    if not any("ratio" in row for row in rows):  # a broken setup, not a measurement
+        raise SystemExit(f"every shape failed, e.g. {rows[0].get('error') if rows else None}")
+    for contender in CONTENDERS:
+        ratios = [r["ratio"] for r in rows if r["contender"] == contender and "ratio" in r]
+        if ratios:
+            geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            print(f"{contender}: geometric mean ratio {geomean:.3f} over {len(ratios)} rows")
+    method = (
+        f"per dtype ({', '.join(args.dtype)}) two runs, each a new process with an empty cache "
+        f"folder: contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the tuning's candidates) "
+        f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
+        f"{' | '.join(sorted(methods))}; torch.randn inputs"
+    )
+    return write_results("kernel", method, rows, args.out_dir, name="public")
+
+
+if __name__ == "__main__":
+    print(main())
