@@ -3,7 +3,9 @@
 Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
 - cold: a new process, an empty cache directory; the wall time of the first `tuned_gemm`
   call (tuning with cuBLAS in the final, storing, launching), with the tuner's compile and
-  benchmark times;
+  benchmark times. The process imports gemmtune first, as a program does at its top (its
+  helpers' zygotes are forked then), makes its operands (torch's CUDA context: about 1 s) and
+  calls; `since_import_s` is the wall time from the import to the call's end;
 - warm: one process tunes the shapes one after another: each is a new bucket in a process
   that has tuned before (the first shape is not counted);
 - cached-binaries: the same process, the results forgotten, every shape again: each tune finds
@@ -11,7 +13,8 @@ Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
 - concurrent: 4 processes call `tuned_gemm` on one new bucket at once, one cache directory;
   their wall times against one process alone, and whether they agree on the winner;
 - helpers: in a new process, how long compile workers (1, then 8 at once) and the benchmark
-  worker take to start, and a worker's first and second compile;
+  worker take to start, and a worker's first and second compile: spawned
+  (`GEMMTUNE_PRESTART=0`), and forked by the zygotes (from the import on);
 - autotune: `@gemmtune.autotune` with 3 configs of a sub-millisecond function
   (`benchmarks/autotune_subject.py`) in a new process: the first call to the winner, then a
   new key.
@@ -64,6 +67,10 @@ def operands(m: int, n: int, k: int):
     return a, b
 
 
+#: when this process imported gemmtune (`child`)
+IMPORTED_AT = 0.0
+
+
 def timed_call(shape: dict) -> dict:
     """The first `tuned_gemm` of `shape` in this process, with what its tune reported."""
     import torch
@@ -85,6 +92,7 @@ def timed_call(shape: dict) -> dict:
     wall = time.perf_counter() - start
     row = {"shape": shape["name"], "m": shape["m"], "n": shape["n"], "k": shape["k"]}
     row.update(dtype="bf16", tune_wall_s=round(wall, 3))
+    row.update(since_import_s=round(time.perf_counter() - IMPORTED_AT, 3))
     if tunes:
         t = tunes[0]
         row.update(
@@ -105,7 +113,8 @@ def timed_call(shape: dict) -> dict:
 
 
 def helper_costs() -> None:
-    """Start-up and compile costs of the helper processes, in this new process."""
+    """Start-up and compile costs of the helper processes, in this new process (timed from
+    the import of gemmtune, whose zygotes start as it is imported)."""
     from gemmtune.core.config import GemmConfig
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.workers.bench import BenchWorker
@@ -119,7 +128,14 @@ def helper_costs() -> None:
         for worker in pool._workers:
             worker.helper.wait_ready()
         ready = time.perf_counter() - start
-        emit({"what": "compile_workers_ready", "workers": count, "ms": round(ready * 1e3)})
+        emit(
+            {
+                "what": "compile_workers_ready",
+                "workers": count,
+                "ms": round(ready * 1e3),
+                "since_import_ms": round((time.perf_counter() - IMPORTED_AT) * 1e3),
+            }
+        )
         if count == 1:
             for tile_n in (128, 256):
                 job = CompileJob(GemmConfig(tile_m=128, tile_n=tile_n), KernelSignature())
@@ -132,7 +148,13 @@ def helper_costs() -> None:
     start = time.perf_counter()
     worker.start()
     worker.helper.wait_ready()
-    emit({"what": "bench_worker_ready", "ms": round((time.perf_counter() - start) * 1e3)})
+    emit(
+        {
+            "what": "bench_worker_ready",
+            "ms": round((time.perf_counter() - start) * 1e3),
+            "since_import_ms": round((time.perf_counter() - IMPORTED_AT) * 1e3),
+        }
+    )
     worker.stop()
 
 
@@ -150,6 +172,10 @@ def winner_rank(result) -> int | None:
 
 def child(mode: str, shapes: list[dict]) -> None:
     """Run one phase in this (new) process, reporting rows with `emit`."""
+    global IMPORTED_AT
+    IMPORTED_AT = time.perf_counter()
+    import gemmtune  # noqa: F401  as a program imports it, at its top
+
     if mode == "helpers":
         helper_costs()
     elif mode == "cold":
@@ -207,15 +233,17 @@ def child_command(mode: str, shapes: list[dict]) -> list[str]:
     return [sys.executable, "-m", "benchmarks.tuning_cost", "--child", mode, "--shapes", names]
 
 
-def run_child(mode: str, shapes: list[dict], cache: Path, timeout: float = 300) -> list[dict]:
-    """Run phase `mode` in a new process on the cache folder `cache`: its rows, each with the
-    process's wall time."""
+def run_child(
+    mode: str, shapes: list[dict], cache: Path, timeout: float = 300, **env: str
+) -> list[dict]:
+    """Run phase `mode` in a new process on the cache folder `cache` (with `env` added to its
+    environment): its rows, each with the process's wall time."""
     start = time.perf_counter()
     done = subprocess.run(
         child_command(mode, shapes),
         capture_output=True,
         text=True,
-        env=child_environment(cache),
+        env={**child_environment(cache), **env},
         timeout=timeout,
     )
     wall = time.perf_counter() - start
@@ -291,9 +319,11 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"unknown phases {unknown}")
     rows: list[dict] = []
     if "helpers" in phases:
-        for row in run_child("helpers", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-h-"))):
-            rows.append(row)
-            print(f"{row['what']} ({row.get('workers', '')}): {row['ms']} ms", flush=True)
+        for how, prestart in (("spawned", "0"), ("forked", "1")):
+            cache = Path(tempfile.mkdtemp(prefix="gemmtune-h-"))
+            for row in run_child("helpers", shapes[:1], cache, GEMMTUNE_PRESTART=prestart):
+                rows.append({**row, "helpers": how})
+                print(f"{how} {row['what']} ({row.get('workers', '')}): {row['ms']} ms", flush=True)
     if "cold" in phases:
         leaders = exhaustive_leaders(args.exhaustive)
         cold = []

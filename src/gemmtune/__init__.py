@@ -81,3 +81,7 @@ if not _in_helper_process():
     # expect (a compiled or exported model that calls them loads after the import). A helper
     # process never calls them, and a compile worker runs without torch at all.
     from gemmtune.api import torch_ops  # noqa: F401
+    from gemmtune.workers import zygote
+
+    # the last statement: the zygote is forked from a process that has imported all of gemmtune
+    zygote.start_if_safe()

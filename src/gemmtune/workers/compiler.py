@@ -140,7 +140,10 @@ class CompilePool:
         """Have at least `count` workers (at most `max_workers`) started; returns at once."""
         with self._lock:
             while len(self._workers) < min(count, self.max_workers):
-                worker = _Worker(HelperProcess(self.service, self.target, role="compile"))
+                helper = HelperProcess(
+                    self.service, self.target, role="compile", dsl_target=self.target
+                )
+                worker = _Worker(helper)
                 worker.helper.start()
                 self._workers.append(worker)
                 threading.Thread(target=self._drive, args=(worker,), daemon=True).start()

@@ -1,7 +1,8 @@
-"""A helper process: spawned, answering one request at a time, never re-running the user's script.
+"""A helper process: answering one request at a time, never re-running the user's script.
 
-Helpers are spawned, not forked: forking a process that holds a CUDA context or the DSL's
-compiler state is not safe. A spawned process imports the parent's main script so that
+A helper is forked by the zygote where there is one (`zygote.py`: it holds torch and the DSL
+already, so the helper starts in milliseconds), else spawned: forking the user's process itself
+is not safe once it holds a CUDA context. A spawned process imports the parent's main script so that
 functions defined there can be found; a script without an `if __name__ == "__main__":` guard
 that calls `tuned_gemm` at its top level would run again in every helper. Our services need
 nothing from the main script, so it is hidden from `multiprocessing` while a helper starts
@@ -85,12 +86,15 @@ class HelperProcess:
         *,
         role: str = "helper",
         import_main: bool = False,
+        dsl_target: str | None = None,
         start_timeout_s: float = 120.0,
     ):
         self.service_path = service_path
         self.init = init
         self.role = role
         self.import_main = import_main
+        self.dsl_target = dsl_target  # the DSL target the service compiles for, if any
+        self.name = ""
         self.start_timeout_s = start_timeout_s
         self.process: Any = None
         self.conn: Any = None
@@ -101,18 +105,51 @@ class HelperProcess:
         return self.process is not None and self.process.is_alive()
 
     def start(self) -> None:
+        name = f"{HELPER_PROCESS_PREFIX}{self.role}-{next(_names)}"
+        self._ready = False
+        if not self.import_main and self._fork(name):
+            return
+        self._spawn(name)
+
+    def _spawn(self, name: str) -> None:
+        self.name = name
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_serve,
-            args=(child, self.service_path, self.init),
-            name=f"{HELPER_PROCESS_PREFIX}{self.role}-{next(_names)}",
-            daemon=True,
+            target=_serve, args=(child, self.service_path, self.init), name=name, daemon=True
         )
         with contextlib.nullcontext() if self.import_main else main_script_hidden():
             self.process.start()
         child.close()
-        self._ready = False
+
+    def _fork(self, name: str) -> bool:
+        """Ask the process's zygote to fork the helper; False where there is none."""
+        from gemmtune.workers import zygote
+
+        parent = zygote.current(compiles=self.dsl_target is not None)
+        if parent is None:
+            return False
+        try:
+            self.conn, self.process = parent.fork(
+                self.service_path, self.init, name, dsl_target=self.dsl_target
+            )
+        except OSError as exc:
+            log.debug("%s is spawned: %s", name, exc)
+            return False
+        self.name = name
+        return True
+
+    def _spawn_if_not_forked(self) -> None:
+        """Where the zygote was asked for this helper but refused it, or is gone, spawn it."""
+        from gemmtune.workers.zygote import ForkedProcess
+
+        if isinstance(self.process, ForkedProcess):
+            try:
+                self.process.wait_forked(self.start_timeout_s)
+            except OSError as exc:
+                log.debug("%s is spawned: %s", self.name, exc)
+                self.conn.close()
+                self._spawn(self.name)
 
     def wait_ready(self) -> None:
         """Block until the service is built; HelperFailure if it cannot be."""
@@ -120,6 +157,7 @@ class HelperProcess:
             return
         if self.process is None:
             self.start()
+        self._spawn_if_not_forked()
         try:
             if not self.conn.poll(self.start_timeout_s):
                 raise HelperFailure(f"no answer within {self.start_timeout_s:.0f} s of starting")
