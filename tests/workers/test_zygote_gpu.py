@@ -38,6 +38,8 @@ print(json.dumps({
     "zygotes": [plain.pid, compiling.pid] if plain and compiling else None,
     "bench_parent": parent_of(bench.pid),
     "compile_parents": sorted({parent_of(w.helper.process.pid) for w in pool._workers}),
+    "compile_processes": [type(w.helper.process).__name__ for w in pool._workers],
+    "script": os.getpid(),
     "error": float(error),
     "autotune_ok": bool(torch.allclose(y.float(), x.float() @ w.float(), rtol=2e-2, atol=2e-1)),
     "plan": str(gemmtune.plan(a, b).config),
@@ -60,7 +62,7 @@ def test_a_new_process_tunes_on_helpers_its_zygotes_forked(tmp_path):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["zygotes"] is not None, "import gemmtune forked no zygote"
     plain, compiling = seen["zygotes"]
-    assert seen["bench_parent"] == plain
-    assert seen["compile_parents"] == [compiling]
+    assert seen["bench_parent"] == plain, seen
+    assert seen["compile_parents"] == [compiling], seen
     assert seen["error"] < 2e-2 and seen["autotune_ok"]
     assert seen["plan"] != "None"
