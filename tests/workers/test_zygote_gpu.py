@@ -26,7 +26,8 @@ def parent_of(pid):
 
 plain, compiling = zygote.current(False), zygote.current(True)
 a = torch.randn(1000, 1528, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(1528, 700, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(1528, 704, device="cuda", dtype=torch.bfloat16)  # rows of 16 bytes
+
 c = gemmtune.tuned_gemm(a, b)
 error = ((c.float() - a.float() @ b.float()).abs().max() / (a.float() @ b.float()).abs().max())
 x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
@@ -39,6 +40,8 @@ print(json.dumps({
     "bench_parent": parent_of(bench.pid),
     "compile_parents": sorted({parent_of(w.helper.process.pid) for w in pool._workers}),
     "compile_processes": [type(w.helper.process).__name__ for w in pool._workers],
+    "pools": {k: len(p._workers) for k, p in workers._compile_pools.items()},
+    "compiled": sorted(os.listdir(os.environ["GEMMTUNE_CACHE_DIR"])),
     "script": os.getpid(),
     "error": float(error),
     "autotune_ok": bool(torch.allclose(y.float(), x.float() @ w.float(), rtol=2e-2, atol=2e-1)),
@@ -62,7 +65,7 @@ def test_a_new_process_tunes_on_helpers_its_zygotes_forked(tmp_path):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["zygotes"] is not None, "import gemmtune forked no zygote"
     plain, compiling = seen["zygotes"]
-    assert seen["bench_parent"] == plain, seen
-    assert seen["compile_parents"] == [compiling], seen
+    assert seen["bench_parent"] == plain, json.dumps(seen)
+    assert seen["compile_parents"] == [compiling], json.dumps(seen)
     assert seen["error"] < 2e-2 and seen["autotune_ok"]
     assert seen["plan"] != "None"
