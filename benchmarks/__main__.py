@@ -21,6 +21,7 @@ from types import ModuleType
 #: results file it wrote
 SUITES = {
     "public": "benchmarks.public",
+    "serving": "benchmarks.serving",
     "dispatch": "benchmarks.dispatch",
     "tuning-cost": "benchmarks.tuning_cost",
     "kernel": "benchmarks.kernel",

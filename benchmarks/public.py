@@ -34,12 +34,14 @@ SUITE_HELP = "the public shape suite: tuned_gemm and our kernels alone against c
 CONTENDERS = {"tuned_gemm": "1", "kernels": "0"}
 
 
-def bench_run(dtype: str, cublas: str, shapes: Path | None) -> dict:
+def bench_run(
+    dtype: str, cublas: str, shapes: Path | None, suite: str = "public", layout: str = "kn"
+) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
-    cache folder, with GEMMTUNE_CUBLAS=`cublas`."""
+    cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
-    if shapes is not None:
-        command += ["--shapes", str(shapes)]
+    command += ["--layout", layout]
+    command += ["--shapes", str(shapes)] if shapes is not None else ["--suite", suite]
     with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
         env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -56,7 +58,9 @@ def describe(row: dict) -> str:
     if "error" in row:
         return f"{head}: {row['error']}"
     wrong = "" if row.get("correct", True) else "  WRONG RESULT"
-    return f"{head}: ratio {row['ratio']:.3f}  {row['config']}{wrong}"
+    bandwidth = f"  {row['bw_fraction']:.2f} of bw" if "bw_fraction" in row else ""
+    ratio = f"ratio {row['ratio']:.3f}{bandwidth}"
+    return f"{head} {row.get('layout', '')}: {ratio}  {row['config']}{wrong}"
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -14,7 +14,9 @@ from benchmarks.__main__ import SUITES
 from benchmarks.__main__ import main as benchmarks_main
 
 REPO = Path(__file__).resolve().parents[2]
-EXPECTED_SUITES = ("public", "dispatch", "tuning-cost", "kernel", "peers", "cache", "timings")
+EXPECTED_SUITES = (
+    "public", "serving", "dispatch", "tuning-cost", "kernel", "peers", "cache", "timings",
+)  # fmt: skip
 
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -214,6 +216,44 @@ def test_public_runs_each_contender_in_its_own_process_and_cache(tmp_path, monke
     tagged = [(r["dtype"], r["contender"]) for r in written["rows"]]
     assert tagged == [
         ("bf16", "tuned_gemm"), ("bf16", "kernels"), ("fp16", "tuned_gemm"), ("fp16", "kernels"),
+    ]  # fmt: skip
+
+
+def test_serving_runs_each_dtype_layout_and_contender_on_the_chosen_shapes(tmp_path, monkeypatch):
+    from benchmarks import public, serving
+
+    runs, written = [], {}
+
+    def fake_bench(command, env, **_):
+        suite = json.loads(Path(command[command.index("--shapes") + 1]).read_text())
+        layout = command[command.index("--layout") + 1]
+        runs.append((layout, env["GEMMTUNE_CUBLAS"], [s["name"] for s in suite["shapes"]]))
+        rows = [
+            {"shape": s["name"], "m": s["m"], "ratio": 1.1, "bw_fraction": 0.8, "layout": layout,
+             "config": "sm90_x", "correct": True}
+            for s in suite["shapes"]
+        ]  # fmt: skip
+        document = {"method": "gemmtune bench: windows; bf16 torch.randn inputs", "rows": rows}
+        return subprocess.CompletedProcess(command, 0, json.dumps(document))
+
+    def fake_write(what, method, rows, out_dir, name=None):
+        written.update(what=what, rows=rows, name=name)
+        return out_dir / "serving.json"
+
+    monkeypatch.setattr(public.subprocess, "run", fake_bench)
+    monkeypatch.setattr(serving, "write_results", fake_write)
+    only = "l8b_down_m1,ragged_800x1200x4096,small-mn"
+    argv = ["--layout", "nk", "kn", "--only", only, "--out-dir", str(tmp_path)]
+    serving.main(argv)
+    assert [(layout, cublas) for layout, cublas, _ in runs] == [("nk", "0"), ("kn", "0")]
+    assert runs[0][2][:2] == ["l8b_down_m1", "ragged_800x1200x4096"]  # "m1" is not "m16"
+    assert runs[0][2][2:] and all(name.startswith("smallmn_") for name in runs[0][2][2:])
+    assert [s["name"] for s in serving.selected("l70b_o")] == [
+        f"l70b_o_m{m}" for m in (1, 2, 4, 8, 16, 32, 64, 128)
+    ]
+    assert written["name"] == "serving" and {r["suite"] for r in written["rows"]} == {"serving"}
+    assert [line.split(":")[0] for line in serving.summary(written["rows"])] == [
+        "kernels bf16 kn", "kernels bf16 nk",
     ]  # fmt: skip
 
 

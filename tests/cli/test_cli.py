@@ -349,6 +349,27 @@ def test_shape_suite_ships_with_the_package(tmp_path):
     assert load_shape_suite(suite) == [{"name": "8x16x32", "m": 8, "n": 16, "k": 32}]
 
 
+def test_the_serving_suite_ships_too_and_says_where_each_shape_comes_from():
+    shapes = load_shape_suite(suite="serving")
+    names = {s["name"] for s in shapes}
+    assert len(names) == len(shapes)
+    decode = [s for s in shapes if s["kind"] == "decode"]
+    assert sorted({s["m"] for s in decode}) == [1, 2, 4, 8, 16, 32, 64, 128]
+    # every projection of both layers at every batch size, at the models' real N and K
+    assert len(decode) == 2 * 4 * 8
+    assert {"name": "l8b_gateup_m16", "m": 16, "n": 28672, "k": 4096}.items() <= next(
+        s for s in shapes if s["name"] == "l8b_gateup_m16"
+    ).items()
+    assert {(s["n"], s["k"]) for s in decode if s["name"].startswith("l70b_down")} == {
+        (8192, 28672)
+    }
+    ragged = [s for s in shapes if s["kind"] == "ragged"]
+    assert ragged and all(s["m"] % 64 or s["n"] % 64 for s in ragged)
+    assert all(s["source"] for s in shapes)
+    with pytest.raises(KeyError, match="serving"):
+        load_shape_suite(suite="nonesuch")
+
+
 def test_bench_plan_config(monkeypatch):
     a, b = torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(32, 16, dtype=torch.bfloat16)
     key = api.plan_key(a, b, None, None, "tune")

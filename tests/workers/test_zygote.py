@@ -28,7 +28,10 @@ PROBE = "probe_service:ProbeService"
 
 @pytest.fixture
 def forked(monkeypatch):
-    """A zygote forked from this process (no DSL import), made the process's own."""
+    """A zygote forked from this process (no DSL import), made the process's own. It takes
+    itself for one that imported the DSL for sm_90a, the target the tests compile for (this
+    process may have imported the DSL already)."""
+    monkeypatch.setattr(zygote, "_preloaded", "sm_90a")
     parent = zygote.Zygote.start(preload=None)
     monkeypatch.setattr(zygote, "_zygotes", {False: parent, True: parent})
     yield parent

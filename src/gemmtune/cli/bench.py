@@ -1,9 +1,17 @@
-"""The public shape suite, run through tuned_gemm against cuBLAS (`gemmtune bench`).
+"""A shape suite, run through tuned_gemm against cuBLAS (`gemmtune bench`).
 
-Each shape: `torch.randn` operands, one tuned_gemm call (which tunes its bucket in mode
-"tune"), a correctness check against a float32 reference, then tuned_gemm and torch.matmul
-timed on the same tensors, each alone in windows of about 100 ms taken in turn three times
-(`time_in_windows`: each at the clocks its own power allows), L2 flushed before every run.
+The suites ship with gemmtune (`SUITES`): "public", the shapes the project is judged on, and
+"serving", where LLM serving spends its GEMM time (decode batches against Llama-3 8B and 70B
+projections, ragged prefill and mid-size problems, small outputs over long K; each shape says
+where it comes from). Each shape: `torch.randn` operands, `b` row-major (K, N) as in `x @ w`,
+or the transpose of a row-major (N, K) weight as in a linear layer's `x @ w.t()` (`--layout
+nk`); one tuned_gemm call (which tunes its bucket in mode "tune"), a correctness check
+against a float32 reference, then tuned_gemm and torch.matmul timed on the same tensors, each
+alone in windows of about 100 ms taken in turn three times (`time_in_windows`: each at the
+clocks its own power allows), L2 flushed before every run. Each row also says how many bytes
+per second each moved (`gbps`: A and B read once, the output written once) and what fraction
+that is of the GPU's memory bandwidth, measured at the start of the run (`bw_fraction`,
+`measure.bandwidth`).
 """
 
 from __future__ import annotations
@@ -27,12 +35,21 @@ from gemmtune.core.versions import software
 from gemmtune.measure.timing import time_in_windows
 from gemmtune.measure.verify import check
 
+#: The suites gemmtune ships, by name: their files in `gemmtune.measure`.
+SUITES = {"public": "shapes.json", "serving": "serving.json"}
+#: `--layout`: how b is laid out. "kn": row-major (K, N), `x @ w`; "nk": the transpose of a
+#: row-major (N, K) weight, `x @ w.t()` as a linear layer multiplies. Values: the row's
+#: layout name (A then B, "t" meaning K-major).
+B_LAYOUTS = {"kn": "tn", "nk": "tt"}
 
-def load_shape_suite(path: Path | str | None = None) -> list[dict]:
-    """The shape suite: `{"note": ..., "shapes": [{"name", "m", "n", "k"}, ...]}`, from `path`
-    or, by default, the one shipped with gemmtune (`gemmtune/bench/shapes.json`)."""
+
+def load_shape_suite(path: Path | str | None = None, suite: str = "public") -> list[dict]:
+    """A shape suite: `{"note": ..., "shapes": [{"name", "m", "n", "k", ...}, ...]}`, from
+    `path` or, by default, the suite `suite` that ships with gemmtune (`SUITES`)."""
     if path is None:
-        text = resources.files("gemmtune.measure").joinpath("shapes.json").read_text()
+        if suite not in SUITES:
+            raise KeyError(f"no suite {suite!r}: the suites are {', '.join(SUITES)}")
+        text = resources.files("gemmtune.measure").joinpath(SUITES[suite]).read_text()
     else:
         text = Path(path).read_text()
     data = json.loads(text)
@@ -58,14 +75,26 @@ def plan_config(a, b, mode: str) -> str:
 WINDOW_MS = 100.0
 
 
-def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flush) -> dict:
+def compare_with_cublas(
+    shape: dict,
+    dtype_name: str,
+    mode: str,
+    runs: int,
+    flush,
+    b_layout: str = "kn",
+    reference_gbps: float | None = None,
+) -> dict:
     """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape."""
     from gemmtune.api.dispatch import tuned_gemm
+    from gemmtune.measure.bandwidth import gemm_bytes
 
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = torch_dtype(dtype_name)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
-    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    if b_layout == "nk":
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+    else:
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
     tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
     ok, err = check(tuned_gemm(a, b, mode=mode), torch.matmul(a.float(), b.float()))
     config = plan_config(a, b, mode)
@@ -76,14 +105,15 @@ def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flus
         flush=flush,
     )
     flops = 2 * m * n * k
-    return {
+    moved = gemm_bytes(m, n, k, a.element_size(), a.element_size())
+    row = {
         "shape": shape["name"],
         "m": m,
         "n": n,
         "k": k,
         "l": 1,
         "dtype": dtype_name,
-        "layout": "tn",
+        "layout": B_LAYOUTS[b_layout],
         "config": config,
         "ours_ms": ours.median_ms,
         "cublas_ms": cublas.median_ms,
@@ -93,10 +123,18 @@ def compare_with_cublas(shape: dict, dtype_name: str, mode: str, runs: int, flus
         "rel_err": err if math.isfinite(err) else None,
         "correct": ok,
         "mode": mode,
+        "gbps": moved / (ours.median_ms * 1e-3) / 1e9,
+        "cublas_gbps": moved / (cublas.median_ms * 1e-3) / 1e9,
     }
+    if reference_gbps:
+        row["bw_fraction"] = row["gbps"] / reference_gbps
+        row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
+    return row
 
 
-def results_document(rows: list[dict], mode: str, runs: int, dtype_name: str) -> dict:
+def results_document(
+    rows: list[dict], mode: str, runs: int, dtype_name: str, bandwidth: dict | None = None
+) -> dict:
     """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
@@ -109,7 +147,9 @@ def results_document(rows: list[dict], mode: str, runs: int, dtype_name: str) ->
             f"gemmtune bench --mode {mode}: tuned_gemm against torch.matmul, each alone in "
             f"windows of ~{WINDOW_MS:.0f} ms (at most {runs} runs) taken in turn 3 times, 10 ms "
             f"warm-up before each, CUDA events, L2 flushed before every run, median of all its "
-            f"runs; {dtype_name} torch.randn inputs"
+            f"runs; bytes moved = A and B read once, the output written once; the GPU's memory "
+            f"bandwidth {bandwidth} (measure.bandwidth: a sum and a copy over 2 GiB, medians, "
+            f"the faster the reference of bw_fraction); {dtype_name} torch.randn inputs"
         ),
         "rows": rows,
     }
@@ -137,16 +177,18 @@ def _bench_line(cells: Sequence[object]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        shapes = load_shape_suite(args.shapes)
+        shapes = load_shape_suite(args.shapes, args.suite)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return fail(f"gemmtune bench: cannot read the shape suite {args.shapes or ''}: {exc}")
     import torch
 
     if not torch.cuda.is_available():
         return fail(f"gemmtune bench {NO_GPU} (try `gemmtune doctor`)")
+    from gemmtune.measure.bandwidth import measure_bandwidth
     from gemmtune.measure.timing import L2Flusher
 
     flush = L2Flusher(torch.cuda.current_device())
+    bandwidth = measure_bandwidth()
     if not args.json:
         print(
             f"gemmtune bench: {len(shapes)} shapes, {args.dtype}, mode {args.mode}, "
@@ -159,7 +201,10 @@ def run(args: argparse.Namespace) -> int:
     rows, failed = [], 0
     for shape in shapes:
         try:
-            row = compare_with_cublas(shape, args.dtype, args.mode, args.runs, flush)
+            row = compare_with_cublas(
+                shape, args.dtype, args.mode, args.runs, flush, args.layout,
+                bandwidth.reference_gbps,
+            )  # fmt: skip
         except Exception as exc:  # one shape's failure must not lose the others
             failed += 1
             print(
@@ -168,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append({"shape": shape.get("name"), "error": f"{type(exc).__name__}: {exc}"})
             continue
         failed += not row["correct"]
+        row["suite"] = args.suite if args.shapes is None else str(args.shapes)
         rows.append(row)
         if not args.json:
             wrong = "" if row["correct"] else "  WRONG RESULT"
@@ -187,7 +233,12 @@ def run(args: argparse.Namespace) -> int:
             print(_bench_line(cells), flush=True)
         torch.cuda.empty_cache()
     if args.json:
-        print(json.dumps(results_document(rows, args.mode, args.runs, args.dtype), indent=1))
+        found = {
+            "read_gbps": round(bandwidth.read_gbps, 1),
+            "copy_gbps": round(bandwidth.copy_gbps, 1),
+        }
+        document = results_document(rows, args.mode, args.runs, args.dtype, found)
+        print(json.dumps(document, indent=1))
     else:
         ratios = [r["ratio"] for r in rows if "ratio" in r]
         if ratios:

@@ -4,7 +4,7 @@ gemmtune doctor                     what this machine offers gemmtune
 gemmtune tune --shape MxNxK[xL]     tune one problem now and store the winner
 gemmtune show                       the cached tuning results
 gemmtune clear [--kernels]          forget them (and the compiled kernels)
-gemmtune bench                      the public shape suite against cuBLAS
+gemmtune bench                      a shape suite (public, serving) against cuBLAS
 gemmtune cache show|clear|export|import
 """
 
@@ -145,20 +145,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser(
         "bench",
-        help="the public shape suite: tuned_gemm against cuBLAS",
+        help="a shape suite (public, serving): tuned_gemm against cuBLAS",
         description="Time tuned_gemm and torch.matmul (cuBLAS), each alone in windows taken in "
         "turn, cold L2, on every "
         "shape of the suite, after checking tuned_gemm's result. ratio = cublas_ms / ours_ms "
         "(above 1: gemmtune is faster). Needs a CUDA GPU.",
     )
     p.add_argument(
+        "--suite",
+        choices=list(bench.SUITES),
+        default="public",
+        help="a suite shipped with gemmtune: public (the default) or serving",
+    )
+    p.add_argument(
         "--shapes",
         type=Path,
         metavar="FILE",
-        help='a shape suite, {"shapes": [{"name", "m", "n", "k"}, ...]} '
-        "(default: the one shipped with gemmtune)",
+        help='a shape suite of your own, {"shapes": [{"name", "m", "n", "k"}, ...]} '
+        "(instead of --suite)",
     )
     p.add_argument("--dtype", choices=KERNEL_INPUTS, default="bf16", help="a's and b's dtype")
+    p.add_argument(
+        "--layout",
+        choices=list(bench.B_LAYOUTS),
+        default="kn",
+        help="b row-major (K, N), as in x @ w (kn, the default), or the transpose of a "
+        "row-major (N, K) weight, as in x @ w.t() (nk)",
+    )
     p.add_argument(
         "--mode",
         choices=[mode for mode in MODES if mode != "off"],
