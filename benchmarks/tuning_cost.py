@@ -203,19 +203,18 @@ def child(mode: str, shapes: list[dict]) -> None:
 
         from benchmarks.autotune_subject import chunked_matmul
 
-        x, w = operands(2048, 1024, 1024)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        chunked_matmul(x, w)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - start
+        def call_s(m: int, n: int, k: int) -> float:
+            """The wall time of one call on new (m, k) and (k, n) operands, the GPU drained."""
+            x, w = operands(m, n, k)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            chunked_matmul(x, w)
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        first = call_s(2048, 1024, 1024)
         timelines = [dict(chunked_matmul.last_timeline)]
-        x2, w2 = operands(1024, 2048, 1024)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        chunked_matmul(x2, w2)
-        torch.cuda.synchronize()
-        nxt = time.perf_counter() - start
+        nxt = call_s(1024, 2048, 1024)  # a new key
         timelines.append(dict(chunked_matmul.last_timeline))
         emit({"what": "autotune_first", "ms": round(first * 1e3, 1), "runs": 1, **timelines[0]})
         emit({"what": "autotune_next", "ms": round(nxt * 1e3, 1), "runs": 1, **timelines[1]})
