@@ -143,6 +143,22 @@ def test_helpers_are_spawned_once_the_zygote_is_gone(forked, monkeypatch):
         helper.stop()
 
 
+def test_a_process_forked_from_the_owner_neither_uses_nor_closes_its_zygote(forked):
+    pid = os.fork()
+    if pid == 0:  # a data loader worker, say: it must spawn its own helpers
+        code = 0 if zygote.current() is None and zygote.current(True) is None else 1
+        forked.stop()  # what atexit would do there: must not shut the shared socket down
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    helper = HelperProcess(PROBE, None, role="probe")
+    helper.start()
+    try:
+        assert _ask(helper)["ppid"] == forked.pid  # the zygote still serves its owner
+    finally:
+        helper.stop()
+
+
 def test_helpers_for_the_main_script_are_never_forked(forked):
     helper = HelperProcess(PROBE, None, role="probe", import_main=True)
     helper.start()

@@ -115,6 +115,9 @@ class Zygote:
     def __init__(self, pid: int, conn: Connection):
         self.pid = pid
         self.conn: Connection | None = conn
+        # a process forked from the owner later (a data loader worker) shares the socket, and
+        # must neither talk on it nor shut it down
+        self.owner = os.getpid()
         self._lock = threading.Lock()
         self._waiting: collections.deque[Future] = collections.deque()
         self._reader: threading.Thread | None = None
@@ -139,7 +142,7 @@ class Zygote:
 
     @property
     def alive(self) -> bool:
-        return self.conn is not None
+        return self.conn is not None and os.getpid() == self.owner
 
     def fork(
         self, service_path: str, init: Any, name: str, *, dsl_target: str | None = None
@@ -154,8 +157,8 @@ class Zygote:
         forked: Future = Future()
         try:
             with self._lock:
-                if self.conn is None:
-                    raise OSError("the zygote has exited")
+                if not self.alive:
+                    raise OSError("the zygote has exited, or is another process's")
                 try:
                     self.conn.send((service_path, init, name, state))
                     reduction.send_handle(self.conn, theirs.fileno(), self.pid)
@@ -192,7 +195,7 @@ class Zygote:
 
     def _gone(self, why: str) -> None:
         with self._lock:
-            if self.conn is not None:
+            if self.conn is not None and os.getpid() == self.owner:
                 # shut the socket down before closing it: that wakes the thread reading it,
                 # whose read would otherwise keep it open, and tells the zygote we are gone
                 with (
@@ -220,11 +223,11 @@ def current(compiles: bool = False) -> Zygote | None:
 
 def start_if_safe() -> None:
     """Fork the process's two zygotes where that is safe and useful; nothing otherwise."""
-    if _zygotes or not fork_is_safe():
-        return
     from gemmtune.core.settings import MODE_ENV
 
     if os.environ.get(MODE_ENV, "tune") != "tune":  # no tuning: no helper will be needed
+        return
+    if _zygotes or not fork_is_safe():
         return
     import atexit
 
