@@ -105,24 +105,23 @@ class HelperProcess:
         return self.process is not None and self.process.is_alive()
 
     def start(self) -> None:
-        name = f"{HELPER_PROCESS_PREFIX}{self.role}-{next(_names)}"
+        self.name = f"{HELPER_PROCESS_PREFIX}{self.role}-{next(_names)}"
         self._ready = False
-        if not self.import_main and self._fork(name):
+        if not self.import_main and self._fork():
             return
-        self._spawn(name)
+        self._spawn()
 
-    def _spawn(self, name: str) -> None:
-        self.name = name
+    def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_serve, args=(child, self.service_path, self.init), name=name, daemon=True
+            target=_serve, args=(child, self.service_path, self.init), name=self.name, daemon=True
         )
         with contextlib.nullcontext() if self.import_main else main_script_hidden():
             self.process.start()
         child.close()
 
-    def _fork(self, name: str) -> bool:
+    def _fork(self) -> bool:
         """Ask the process's zygote to fork the helper; False where there is none."""
         from gemmtune.workers import zygote
 
@@ -131,12 +130,11 @@ class HelperProcess:
             return False
         try:
             self.conn, self.process = parent.fork(
-                self.service_path, self.init, name, dsl_target=self.dsl_target
+                self.service_path, self.init, self.name, dsl_target=self.dsl_target
             )
         except OSError as exc:
-            log.debug("%s is spawned: %s", name, exc)
+            log.debug("%s is spawned: %s", self.name, exc)
             return False
-        self.name = name
         return True
 
     def _spawn_if_not_forked(self) -> None:
@@ -149,7 +147,7 @@ class HelperProcess:
             except OSError as exc:
                 log.debug("%s is spawned: %s", self.name, exc)
                 self.conn.close()
-                self._spawn(self.name)
+                self._spawn()
 
     def wait_ready(self) -> None:
         """Block until the service is built; HelperFailure if it cannot be."""

@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
@@ -77,7 +78,7 @@ class ForkedProcess:
         """The helper's pid, once forked; OSError when the zygote refused or is gone."""
         try:
             return self._forked.result(timeout)
-        except TimeoutError:
+        except FutureTimeout:  # not the builtin TimeoutError before Python 3.11
             raise OSError(f"the zygote did not fork within {timeout:.0f} s") from None
 
     @property
