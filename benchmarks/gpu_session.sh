@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests public dispatch cost kernel peers cache timings suite
+# Steps: doctor tests public dispatch cost serving kernel peers cache timings suite
 # (default: doctor tests public dispatch). A suite step runs `python3 -m benchmarks SUITE`
-# (cost: the tuning-cost suite, with $COST_ARGS); suite: `gemmtune bench --json` on an empty
-# cache. Results and logs go to $OUT.
+# (cost: the tuning-cost suite, with $COST_ARGS; serving with $SERVING_ARGS); suite:
+# `gemmtune bench --json` on an empty cache. Results and logs go to $OUT.
 set -uo pipefail
 if [ ! -f benchmarks/__main__.py ]; then
   echo "run from the repository root: bash benchmarks/gpu_session.sh [steps]" >&2
@@ -16,8 +16,8 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | public | dispatch | cost | kernel | peers | cache | timings | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests public dispatch cost kernel peers cache timings suite)" >&2; exit 2 ;;
+    doctor | tests | public | dispatch | cost | serving | kernel | peers | cache | timings | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving kernel peers cache timings suite)" >&2; exit 2 ;;
   esac
 done
 
@@ -33,6 +33,7 @@ for step in $steps; do
     doctor) python3 -m gemmtune doctor 2>&1 | tee "$OUT/doctor.txt" ;;
     tests) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
     cost) run_suite tuning-cost ${COST_ARGS:-} ;;
+    serving) run_suite serving ${SERVING_ARGS:-} ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
     *) run_suite "$step" ;;
   esac

@@ -48,7 +48,7 @@ def _check(pool, jobs):
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_hgmma_without_spills(pool):
     configs = rules.implemented_configs()
-    assert len(configs) == 304
+    assert len(configs) == 424
     reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
 
@@ -80,13 +80,17 @@ SIGNATURES = [
 
 @needs_nvdisasm
 def test_every_signature_compiles(pool):
-    # cooperative, ping-pong and swapped configs in turn, alternating the epilogue
+    # cooperative, ping-pong, swapped and narrow (decode) configs in turn, alternating the
+    # epilogue
     configs = [
         GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
         GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_n=2, tma_store=False),
         GemmConfig(tile_m=256, tile_n=128, tma_store=False),
         GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", cluster_m=2, cluster_n=2),
+        GemmConfig(tile_m=128, tile_n=16, swap_ab=True),
+        GemmConfig(tile_m=64, tile_n=48, schedule="pingpong", cluster_m=2, tma_store=False),
+        GemmConfig(tile_m=128, tile_n=32, schedule="pingpong", swap_ab=True),
     ]
     jobs = [CompileJob(configs[i % len(configs)], sig) for i, sig in enumerate(SIGNATURES)]
     refused = [j for j in jobs if rules.signature_reason(j.config, j.signature)]

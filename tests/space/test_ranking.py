@@ -14,22 +14,39 @@ from gemmtune.space.ranking import (
 )
 
 
-def problem(m, n, k):
-    def operand(rows, cols):
-        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+def problem(m, n, k, linear=False):
+    """`a @ b` with row-major operands, or with `linear` a layer's `x @ w.t()` (b K-major)."""
 
-    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+    def operand(rows, cols, column_major=False):
+        stride = (1, rows) if column_major else (cols, 1)
+        return Operand((rows, cols), stride, torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    return GemmProblem.from_operands(operand(m, k), operand(k, n, linear), arch=Arch.SM90)
 
 
 FLAT = {"families": {}, "publish_us_per_kb": 0.01, "gather_us_per_kb": 0.01}
 
 
-def test_calibration_ships_every_sm90_family():
+def test_calibration_ships_every_sm90_family_but_the_narrow_ones():
     from gemmtune.kernels.sm90 import rules
 
     calibration = load_calibration("sm_90")
-    assert {family(c) for c in rules.implemented_configs()} <= set(calibration["families"])
+    configs = rules.implemented_configs()
+    wide = {family(c) for c in configs if c.tile_n >= rules.FITTED_MIN_TILE_N}
+    narrow = {family(c) for c in configs} - wide
+    assert wide <= set(calibration["families"])
+    assert narrow and not narrow & set(calibration["families"])
     assert all(a > 0 and c >= 0 for a, c in calibration["families"].values())
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_decode_batches_rank_narrow_swapped_tiles_first(m):
+    # measured leaders of 16 x 6144 x 4096 (an 8B qkv projection): 128x16 and 64x16 swapped
+    # tiles, 2-5 % ahead of 64-wide ones
+    p = problem(m, 6144, 4096, linear=True)
+    top = RankingModel().top_k(p, candidates(p, orders=False), 8)
+    assert all(c.tile_n == 16 and c.swap_ab for c in top[:4])
+    assert sum(c.tile_n <= 32 and c.swap_ab for c in top) >= 6
 
 
 def test_wave_quantization_in_the_prediction():

@@ -62,16 +62,26 @@ class IdleWarmup:
 
 
 class L2Flusher:
-    """Evicts the GPU's L2 by writing a buffer twice its size (what `triton.testing.do_bench`
-    does), so every timed run reads its inputs from HBM."""
+    """Evicts the GPU's L2 by reading a buffer twice its size, so every timed run reads its
+    inputs from HBM.
+
+    Reading, not writing (as `triton.testing.do_bench` does): a written buffer leaves the L2
+    full of dirty lines, and the timed kernel then pays for writing them back to HBM. A kernel
+    that reads less than the L2 holds (a decode GEMM streaming a 30-100 MB weight) would move
+    up to twice its own bytes and look half as fast as it runs after another kernel.
+    """
 
     def __init__(self, device: torch.device | int | None = None):
-        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+        if device is None:
+            device = torch.cuda.current_device()
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        props = torch.cuda.get_device_properties(device)
         size = max(2 * getattr(props, "L2_cache_size", 64 << 20), 64 << 20)
-        self.buffer = torch.empty(size // 4, dtype=torch.int32, device=device or "cuda")
+        self.buffer = torch.zeros(size // 4, dtype=torch.int32, device=device)
+        self.total = torch.zeros((), dtype=torch.int64, device=device)
 
     def __call__(self) -> None:
-        self.buffer.zero_()
+        torch.sum(self.buffer, dim=0, out=self.total)
 
 
 def _timing(times: list[float]) -> Timing:

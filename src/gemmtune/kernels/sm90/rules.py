@@ -44,11 +44,17 @@ WGMMA_OVERHEAD_REGISTERS = 26
 
 # 192 = three 64-row warpgroups (192x192 tiles cut a 2048x2304 output into 132 tiles)
 TILE_M_BY_SCHEDULE = {Schedule.COOPERATIVE: (128, 192, 256), Schedule.PINGPONG: (64, 128)}
+#: Narrow tiles, for decode batches: swapped, a batch of 1-16 rows (32, 48) is one WGMMA's N,
+#: and a stage is almost all weight (128x16: 16 KB of weight, 2 KB of activations), so more of
+#: the shared memory holds weight bytes in flight than with a 64-wide tile mostly zero-filled.
+NARROW_TILE_NS = (16, 32, 48)
+#: The ranking model's families are fitted from this width up; narrower ones are analytic.
+FITTED_MIN_TILE_N = 64
 # multiples of 32; 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
 # leaves 12 idle and wastes most of a column of tiles); 208, as a swapped tile 208 rows of the
 # output tall (4096 x 28672 in 256x208 c1x2 swapped tiles: 1120 cluster units, 16.97 rounds
 # of 66 clusters, where 128x256's 1792 units need 28)
-TILE_N_CHOICES = tuple(sorted((*range(64, 257, 32), 144, 208)))
+TILE_N_CHOICES = tuple(sorted((*NARROW_TILE_NS, *range(64, 257, 32), 144, 208)))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
 EPI_TILE_N = 32
 MIN_AB_STAGES = 2
@@ -128,7 +134,9 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     epi_m, epi_n = epi_tile(config)
     epi_stage_bytes = epi_m * epi_n * signature.out_bytes
     subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
-    epi_stages = min(subtiles, 4 if signature.out_bytes == 2 else 2)
+    # two at least, so that a tile of one sub-tile (a narrow one) never waits for the last
+    # tile's store
+    epi_stages = min(max(subtiles, 2), 4 if signature.out_bytes == 2 else 2)
     # two buffers where four would cost an A/B stage: the stage is worth more
     if epi_stages > 2 and ab_stages(2, epi_stage_bytes) > ab_stages(epi_stages, epi_stage_bytes):
         epi_stages = 2
