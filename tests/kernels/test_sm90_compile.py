@@ -81,7 +81,7 @@ SIGNATURES = [
 @needs_nvdisasm
 def test_every_signature_compiles(pool):
     # cooperative, ping-pong, swapped and narrow (decode) configs in turn, alternating the
-    # epilogue
+    # epilogue; seven, so that each meets both ranks
     configs = [
         GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
@@ -90,7 +90,6 @@ def test_every_signature_compiles(pool):
         GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", cluster_m=2, cluster_n=2),
         GemmConfig(tile_m=128, tile_n=16, swap_ab=True),
         GemmConfig(tile_m=64, tile_n=48, schedule="pingpong", cluster_m=2, tma_store=False),
-        GemmConfig(tile_m=128, tile_n=32, schedule="pingpong", swap_ab=True),
     ]
     jobs = [CompileJob(configs[i % len(configs)], sig) for i, sig in enumerate(SIGNATURES)]
     refused = [j for j in jobs if rules.signature_reason(j.config, j.signature)]

@@ -8,10 +8,10 @@ or the transpose of a row-major (N, K) weight as in a linear layer's `x @ w.t()`
 nk`); one tuned_gemm call (which tunes its bucket in mode "tune"), a correctness check
 against a float32 reference, then tuned_gemm and torch.matmul timed on the same tensors, each
 alone in windows of about 100 ms taken in turn three times (`time_in_windows`: each at the
-clocks its own power allows), L2 flushed before every run. Each row also says how many bytes
-per second each moved (`gbps`: A and B read once, the output written once) and what fraction
-that is of the GPU's memory bandwidth, measured at the start of the run (`bw_fraction`,
-`measure.bandwidth`).
+clocks its own power allows), L2 emptied by a read before every run. Each row also says how
+many bytes per second each moved (`gbps`: A and B read once, the output written once) and
+what fraction that is of the GPU's memory bandwidth, measured at the start of the run
+(`bw_fraction`, `measure.bandwidth`).
 """
 
 from __future__ import annotations
@@ -146,10 +146,11 @@ def results_document(
         "method": (
             f"gemmtune bench --mode {mode}: tuned_gemm against torch.matmul, each alone in "
             f"windows of ~{WINDOW_MS:.0f} ms (at most {runs} runs) taken in turn 3 times, 10 ms "
-            f"warm-up before each, CUDA events, L2 flushed before every run, median of all its "
-            f"runs; bytes moved = A and B read once, the output written once; the GPU's memory "
-            f"bandwidth {bandwidth} (measure.bandwidth: a sum and a copy over 2 GiB, medians, "
-            f"the faster the reference of bw_fraction); {dtype_name} torch.randn inputs"
+            f"warm-up before each, CUDA events, L2 emptied before every run (a read of twice its "
+            f"size), median of all its runs; bytes moved = A and B read once, the output "
+            f"written once; the GPU's memory bandwidth {bandwidth} (measure.bandwidth: a sum "
+            f"and a copy over 2 GiB, medians, the faster the reference of bw_fraction); "
+            f"{dtype_name} torch.randn inputs"
         ),
         "rows": rows,
     }
