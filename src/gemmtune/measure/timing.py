@@ -77,8 +77,9 @@ class L2Flusher:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         props = torch.cuda.get_device_properties(device)
         size = max(2 * getattr(props, "L2_cache_size", 64 << 20), 64 << 20)
-        self.buffer = torch.zeros(size // 4, dtype=torch.int32, device=device)
-        self.total = torch.zeros((), dtype=torch.int64, device=device)
+        # float32: torch sums it at 3.4 TB/s on an H200, an int32 buffer (int64 sum) at 0.7
+        self.buffer = torch.zeros(size // 4, dtype=torch.float32, device=device)
+        self.total = torch.zeros((), dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
         torch.sum(self.buffer, dim=0, out=self.total)
