@@ -8,8 +8,8 @@
                  KernelCache        config -> compiled kernel (level 1: dict, disk, compile)
 
 The hot path is the plan lookup: its key is what `a`, `b` and `out` say about themselves
-(shapes, strides, dtypes, device) and the call's arguments, so a hit builds one tuple and does
-one dictionary lookup before the launch. Everything else (validation, the mode from the
+(shapes, strides, a's dtype and device) and the call's arguments, so a hit builds one tuple and
+does one dictionary lookup before the launch. Everything else (validation, the mode from the
 environment, the choice, the kernel, its workspace) is settled when the plan is made, once per
 tensor signature and mode.
 
@@ -59,16 +59,15 @@ class Plan:
 
 
 def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None) -> tuple:
-    """What decides a call's plan: the tensors' shapes, strides, dtypes and device, and the
-    call's arguments (`dispatch` builds the same tuple inline)."""
+    """What decides a call's plan: the tensors' shapes and strides, a's dtype and device, and
+    the call's arguments (`dispatch_function` builds the same tuple inline). b's dtype and
+    device are not in it: a plan is made only where they equal a's, and a call where they do
+    not is one torch refuses, or one our kernel's launch checks."""
     if out is None:
-        return (
-            a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
-            out_dtype, mode,
-        )  # fmt: skip
+        return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), out_dtype, mode)
     return (
-        a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
-        out_dtype, mode, out.shape, out.stride(), out.dtype,
+        a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), out_dtype, mode,
+        out.shape, out.stride(), out.dtype,
     )  # fmt: skip
 
 
@@ -82,41 +81,62 @@ def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
     return torch.matmul
 
 
-def dispatch(
-    dispatcher: Dispatcher,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    out: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    mode: str | None = None,
-) -> torch.Tensor:
-    """The hot path: `plan_key` inlined, one dictionary lookup, the launch. Every tensor
-    attribute read here costs tens of nanoseconds, and a cached call must cost the host no
-    more than `torch.mm`'s own call plus about a microsecond: read nothing twice."""
-    if out is None:
-        key = (
-            a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
-            out_dtype, mode,
-        )  # fmt: skip
-    else:
-        key = (
-            a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
-            out_dtype, mode, out.shape, out.stride(), out.dtype,
-        )  # fmt: skip
-    plan = dispatcher.plans.get(key) or dispatcher.new_plan(key, a, b, out, out_dtype, mode)
-    launcher = plan.launcher
-    # the plan was made for these strides; only the data pointers can break alignment
-    if launcher is None or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES:
-        if out is None and out_dtype is None:
-            return plan.torch_op(a, b)
-        return fallback_matmul(a, b, out, out_dtype)
-    if out is None:
-        out = a.new_empty(plan.out_shape, dtype=plan.out_dtype)
-    elif out.data_ptr() % ALIGNMENT_BYTES:
-        return fallback_matmul(a, b, out, out_dtype)
-    args = plan.args if plan.workspace_stream is None else dispatcher.stream_args(plan, a, b)
-    launcher(a, b, out, *args)
-    return out
+def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
+    """`dispatcher`'s hot path, as `tuned_gemm(a, b, *, out, out_dtype, mode)`.
+
+    `plan_key` inlined, one dictionary lookup, the launch. Every tensor attribute read and
+    every Python call here costs tens of nanoseconds, and a cached call must cost the host no
+    more than `torch.mm`'s own call plus about a microsecond: read nothing twice, call no
+    helper, and find the plans as a closure's variable rather than an attribute."""
+    plans = dispatcher.plans
+    new_plan = dispatcher.new_plan
+    stream_args = dispatcher.stream_args
+
+    def tuned_gemm(
+        a: torch.Tensor,
+        b: torch.Tensor,
+        *,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+        mode: str | None = None,
+    ) -> torch.Tensor:
+        """`a @ b` (2-D, or batched 3-D), by the best kernel for the problem on this GPU.
+
+        On the first call for a problem's bucket it tunes (mode "tune"), then caches;
+        afterwards it dispatches. What our kernels do not serve goes to torch.matmul; wrong
+        calls raise.
+        """
+        device = a.get_device()
+        if out is None:
+            key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, device, out_dtype, mode)
+        else:
+            key = (
+                a.shape, a.stride(), b.shape, b.stride(), a.dtype, device, out_dtype, mode,
+                out.shape, out.stride(), out.dtype,
+            )  # fmt: skip
+        plan = plans.get(key) or new_plan(key, a, b, out, out_dtype, mode)
+        launcher = plan.launcher
+        if launcher is None:
+            if out is None and out_dtype is None:
+                return plan.torch_op(a, b)
+            return fallback_matmul(a, b, out, out_dtype)
+        # The plan was made for these strides, for a b of a's dtype and device: a call that
+        # breaks that, or whose pointers break the alignment, goes where torch decides.
+        if (
+            b.dtype is not a.dtype
+            or b.get_device() != device
+            or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
+        ):
+            return fallback_matmul(a, b, out, out_dtype)
+        if out is None:
+            out = a.new_empty(plan.out_shape, dtype=plan.out_dtype)
+        elif out.get_device() != device or out.data_ptr() % ALIGNMENT_BYTES:
+            return fallback_matmul(a, b, out, out_dtype)
+        args = plan.args if plan.workspace_stream is None else stream_args(plan, a, b)
+        launcher(a, b, out, *args)
+        return out
+
+    return tuned_gemm
 
 
 class Dispatcher:
@@ -127,8 +147,18 @@ class Dispatcher:
         self.plans: dict[tuple, Plan] = {}
         self.kernel_caches: dict[str, object] = {}
         self.fallbacks_logged: set[str] = set()
+        #: `tuned_gemm` over this dispatcher's plans
+        self.gemm = dispatch_function(self)
 
-    __call__ = dispatch
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+        mode: str | None = None,
+    ) -> torch.Tensor:
+        return self.gemm(a, b, out=out, out_dtype=out_dtype, mode=mode)
 
     def plan(
         self,
@@ -205,22 +235,7 @@ class Dispatcher:
 
 
 DISPATCHER = Dispatcher()
-
-
-def tuned_gemm(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    out: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    mode: str | None = None,
-) -> torch.Tensor:
-    """`a @ b` (2-D, or batched 3-D), by the best kernel for the problem on this GPU.
-
-    On the first call for a problem's bucket it tunes (mode "tune"), then caches; afterwards it
-    dispatches. What our kernels do not serve goes to torch.matmul; wrong calls raise.
-    """
-    return dispatch(DISPATCHER, a, b, out, out_dtype, mode)
+tuned_gemm = DISPATCHER.gemm
 
 
 def plan(
