@@ -24,6 +24,7 @@ SUITES = {
     "serving": "benchmarks.serving",
     "dispatch": "benchmarks.dispatch",
     "tuning-cost": "benchmarks.tuning_cost",
+    "pretune": "benchmarks.pretune",
     "kernel": "benchmarks.kernel",
     "peers": "benchmarks.peers",
     "cache": "benchmarks.cache",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests public dispatch cost serving kernel peers cache timings suite
+# Steps: doctor tests public dispatch cost serving pretune kernel peers cache timings suite
 # (default: doctor tests public dispatch). A suite step runs `python3 -m benchmarks SUITE`
 # (cost: the tuning-cost suite, with $COST_ARGS; serving with $SERVING_ARGS); suite:
 # `gemmtune bench --json` on an empty cache. Results and logs go to $OUT.
@@ -16,8 +16,8 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | public | dispatch | cost | serving | kernel | peers | cache | timings | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving kernel peers cache timings suite)" >&2; exit 2 ;;
+    doctor | tests | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving pretune kernel peers cache timings suite)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,9 +1,10 @@
-"""Pre-tune a model's GEMM shapes ahead of serving, and export the table to ship with the model.
+"""Pre-tune a model's GEMMs ahead of serving, and export the table to ship with the model.
 
-    python examples/pretune_model_shapes.py [--out llama8b-h200.json] [--tokens 128 4096]
+    python examples/pretune_model_shapes.py [--out llama8b-h200.json] [--batch-sizes 1 16 128]
 
 On the serving machine (the same GPU model):  gemmtune cache import llama8b-h200.json
-then GEMMTUNE_MODE=cache-only, so serving never tunes.
+then GEMMTUNE_MODE=cache-only, so serving never tunes. With a model object at hand,
+`gemmtune.pretune(model)` reads the same shapes from its linear layers' weights.
 """
 
 import argparse
@@ -11,32 +12,30 @@ import logging
 
 import torch
 
-from gemmtune.api.dispatch import DISPATCHER
-from gemmtune.core.problem import GemmProblem
+import gemmtune
+from gemmtune.api.pretune import shapes_from_config
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
-# Llama-3-8B projections as (n, k): activations (tokens x k) times a K-major weight view
-LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+LLAMA3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="pretuned-gemms.json", help="where to export the table")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 4096])
-    parser.add_argument("--layers", nargs="+", default=list(LAYERS), choices=list(LAYERS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 128, 4096])
     args = parser.parse_args()
-    for tokens in args.tokens:
-        for name in args.layers:
-            n, k = LAYERS[name]
-            # torch.nn.functional.linear(x, w) is x @ w.t(): B is K-major ("tt" with a row-major x)
-            problem = GemmProblem.of_shape(tokens, n, k, dtype=torch.bfloat16, layout="tt")
-            result = DISPATCHER.tune(problem)
-            winner = result.best.key if result.backend == "gemmtune" else "torch.matmul"
-            tflops = result.best_tflops or 0
-            print(f"{name:8s} {tokens:5d}x{n}x{k}: {winner} (ours: {tflops:.0f} TFLOP/s)")
-    count = DISPATCHER.chooser.results_cache().export(args.out)
-    print(f"exported {count} tuned buckets to {args.out}")
+    shapes = shapes_from_config(LLAMA3_8B)
+    table = gemmtune.pretune(shapes=shapes, batch_sizes=args.batch_sizes, dtype=torch.bfloat16)
+    for row in table.rows:
+        m, n, k, _ = row.shape
+        print(f"{m:5d}x{n}x{k}: {row.config} ({row.source})")
+    print(f"exported {table.export(args.out)} tuned buckets to {args.out}")
 
 
 if __name__ == "__main__":

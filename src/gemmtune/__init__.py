@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "tuned_gemm": "gemmtune.api.dispatch",
     "plan": "gemmtune.api.dispatch",
+    "pretune": "gemmtune.api.pretune",
     "autotune": "gemmtune.tuning.autotune",
     "GemmConfig": "gemmtune.core.config",
     "GemmProblem": "gemmtune.core.problem",
@@ -37,6 +38,7 @@ __all__ = [
     "__version__",
     "autotune",
     "plan",
+    "pretune",
     "start_workers",
     "tune",
     "tuned_gemm",
@@ -45,6 +47,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from gemmtune.api.dispatch import plan, tuned_gemm
+    from gemmtune.api.pretune import pretune
     from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear
     from gemmtune.core.config import GemmConfig
     from gemmtune.core.problem import GemmProblem

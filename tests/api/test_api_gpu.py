@@ -138,7 +138,7 @@ def test_custom_op_under_torch_compile(monkeypatch):
     "script, args",
     [
         ("quickstart.py", []),
-        ("pretune_model_shapes.py", ["--tokens", "128", "--layers", "qkv", "o"]),
+        ("pretune_model_shapes.py", ["--batch-sizes", "128"]),
         ("custom_kernel_decorator.py", []),
     ],
 )

@@ -15,7 +15,8 @@ from benchmarks.__main__ import main as benchmarks_main
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED_SUITES = (
-    "public", "serving", "dispatch", "tuning-cost", "kernel", "peers", "cache", "timings",
+    "public", "serving", "dispatch", "tuning-cost", "pretune", "kernel", "peers", "cache",
+    "timings",
 )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import torch
 from gemmtune.api import dispatch as api
 from gemmtune.cache.results import ResultsCache, TunedRecord
 from gemmtune.cli.bench import load_shape_suite, plan_config
-from gemmtune.cli.main import main, parse_shape
+from gemmtune.cli.main import build_parser, main, parse_shape
 from gemmtune.core.config import GemmConfig
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem
@@ -378,3 +378,38 @@ def test_bench_plan_config(monkeypatch):
     assert plan_config(a, b, "tune") == config.key
     monkeypatch.setattr(api.DISPATCHER, "plans", {key: api.Plan(None, (), None)})
     assert plan_config(a, b, "tune") == "cublas"
+
+
+def test_pretune_without_a_gpu(capsys, cache_dir, no_gpu, tmp_path):
+    config = tmp_path / "model.json"
+    config.write_text('{"linears": [{"name": "o", "n": 4096, "k": 4096}]}')
+    assert main(["pretune", "--model-config", str(config)]) == 2
+    assert main(["tune", "--model-config", str(config)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("gemmtune pretune needs a CUDA GPU") == 2
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_tune_takes_a_shape_or_a_file_of_them_not_both(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--shape", "64x64x64", "--shapes", str(tmp_path / "s.json")])
+    assert exit_info.value.code == 2
+
+
+def test_pretune_names_its_gemms_from_a_config_and_a_shapes_file(tmp_path):
+    from gemmtune.cli import pretune
+
+    (tmp_path / "model.json").write_text(
+        '{"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,'
+        ' "num_key_value_heads": 8}'
+    )
+    (tmp_path / "shapes.json").write_text('{"shapes": [{"m": 100, "n": 200, "k": 300}]}')
+    args = build_parser().parse_args(
+        ["pretune", "--model-config", str(tmp_path / "model.json"), "--batch-sizes", "1", "16",
+         "--shapes", str(tmp_path / "shapes.json"), "--dtype", "fp16"]
+    )  # fmt: skip
+    gemms = pretune.gemms_of(args)
+    assert len(gemms) == 4 * 2 + 1
+    assert (gemms[0].m, gemms[0].n, gemms[0].k, gemms[0].layout) == (1, 6144, 4096, "tt")
+    assert all(g.dtype == torch.float16 for g in gemms)
+    assert (gemms[-1].m, gemms[-1].n, gemms[-1].k) == (100, 200, 300)

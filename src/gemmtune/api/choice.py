@@ -105,6 +105,15 @@ class ConfigChooser:
         """The results cache's key for `problem` on its GPU."""
         return bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
 
+    def ensure_tuned(self, problem: GemmProblem, **options) -> TunedRecord | None:
+        """The record of `problem`'s bucket, tuned and stored first where the cache has none
+        (once between the processes sharing the cache); None when nothing ran correctly."""
+        if not problem.supported:
+            raise ValueError(f"no gemmtune kernel serves this problem: {problem.fallback_reason}")
+        return self.results_cache().tune_once(
+            self.bucket_key(problem), lambda: self._tuned_record(problem, **options)
+        )
+
     def tune(self, problem: GemmProblem, **options) -> object:
         """Tune `problem` now (whatever the cache holds), store the result for its bucket and
         return the `TuneResult`; `options` go to `tuner.tune` (top_k, exhaustive, ...)."""

@@ -2,6 +2,7 @@
 
 gemmtune doctor                     what this machine offers gemmtune
 gemmtune tune --shape MxNxK[xL]     tune one problem now and store the winner
+gemmtune pretune --model-config F   tune a model's GEMMs ahead of time (--gpus 0,1: on several)
 gemmtune show                       the cached tuning results
 gemmtune clear [--kernels]          forget them (and the compiled kernels)
 gemmtune bench                      a shape suite (public, serving) against cuBLAS
@@ -16,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from gemmtune.cli import bench, doctor, results, tune
+from gemmtune.cli import bench, doctor, pretune, results, tune
 from gemmtune.core.dtypes import KERNEL_INPUTS, KERNEL_OUTPUTS
 from gemmtune.core.settings import MODES
 
@@ -39,6 +40,15 @@ def parse_shape(text: str) -> tuple[int, int, int, int | None]:
     if min(v for v in (m, n, k, l) if v is not None) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every size must be at least 1")
     return m, n, k, l
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """`gemmtune tune`: one --shape, or the many GEMMs of --shapes/--model-config (a pretune
+    on this GPU)."""
+    if args.shape is None:
+        args.gpus = None
+        return pretune.run(args)
+    return tune.run(args)
 
 
 # -- doctor -------------------------------------------------------------------------------------
@@ -83,10 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shape",
         type=parse_shape,
-        required=True,
         metavar="MxNxK[xL]",
         help="the problem: out[m,n] = a[m,k] @ b[k,n]; xL makes it a batch of L products",
     )
+    pretune.add_arguments(p, gpus=False)
     p.add_argument("--dtype", choices=KERNEL_INPUTS, default="bf16", help="a's and b's dtype")
     p.add_argument(
         "--out-dtype", choices=KERNEL_OUTPUTS, help="the output's dtype (default: --dtype)"
@@ -119,7 +129,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave torch.matmul (cuBLAS) out of the final, so a gemmtune kernel always wins",
     )
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
-    p.set_defaults(run=tune.run)
+    p.set_defaults(run=_tune)
+
+    p = commands.add_parser(
+        "pretune",
+        help="tune a model's GEMMs (or a file of shapes) ahead of time, on one GPU or several",
+        description="Tune every GEMM a model config's layers meet at the batch sizes (and the "
+        "problems of a shapes file) that the cache lacks, and store the winners; with --gpus "
+        "one process per GPU shares the work and every process stores the same table. Under "
+        "torchrun, `gemmtune.pretune` in the job does the same across its ranks.",
+    )
+    pretune.add_arguments(p, gpus=True)
+    p.add_argument("--dtype", choices=KERNEL_INPUTS, default="bf16", help="a's and b's dtype")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="tt",
+        help="a --shapes problem's A then B, t = K-major (default tt: x @ w.t())",
+    )
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(run=pretune.run)
 
     p = commands.add_parser(
         "show",
@@ -208,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cache" and args.action in ("export", "import") and args.file is None:
         parser.error(f"cache {args.action} needs a FILE")
+    if args.command == "tune" and (args.shape is None) == (not (args.shapes or args.model_config)):
+        parser.error("tune needs --shape, or --shapes / --model-config (not both)")
     if getattr(args, "top_k", 1) < 1 or getattr(args, "runs", 1) < 1:
         parser.error("--top-k and --runs must be at least 1")
     return args.run(args)

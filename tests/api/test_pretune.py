@@ -1,0 +1,149 @@
+"""Pretuning: the GEMMs a model or a config names, the split of buckets between ranks, and two
+gloo ranks that tune their shares and end with identical tables (CPU, a fake tuner)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gemmtune.api.choice import ConfigChooser
+from gemmtune.api.pretune import (
+    GemmShape,
+    LinearShape,
+    assign_providers,
+    linear_gemms,
+    linear_shapes,
+    pretune_problems,
+    shapes_from_config,
+)
+from gemmtune.api.torch_ops import use_tuned_linear
+from gemmtune.cache.buckets import Environment
+from gemmtune.cache.results import ResultsCache
+from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem
+from gemmtune.tuning.tuner import CandidateResult, TuneResult
+
+CHILD = Path(__file__).with_name("pretune_child.py")
+LLAMA3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+}
+
+
+def test_a_llama_config_names_its_four_projections():
+    shapes = shapes_from_config(LLAMA3_8B)
+    assert [(s.name, s.n, s.k) for s in shapes] == [
+        ("qkv", 6144, 4096),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+    ]
+    listed = shapes_from_config({"dtype": "fp16", "linears": [{"name": "w", "n": 8, "k": 16}]})
+    assert listed == [LinearShape("w", 8, 16, torch.float16)]
+    with pytest.raises(ValueError, match="hidden_size"):
+        shapes_from_config({"intermediate_size": 4})
+
+
+def test_a_models_linear_layers_are_found_from_their_weights_once_each():
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.Linear(64, 128))
+    model[2] = nn.Sequential(model[2])  # nested
+    use_tuned_linear(model[2])  # a TunedLinear counts too
+    shapes = linear_shapes(model)
+    f32 = torch.float32
+    assert [(s.n, s.k, s.dtype) for s in shapes] == [(128, 64, f32), (64, 128, f32)]
+    gemms = linear_gemms(shapes, [1, 32])
+    assert gemms[:2] == [GemmShape(1, 128, 64, dtype=f32), GemmShape(32, 128, 64, dtype=f32)]
+    assert all(g.layout == "tt" for g in gemms)  # x @ w.t(): b K-major
+
+
+def test_providers_hold_first_then_take_turns():
+    keys = ["a", "b", "c", "d", "e"]
+    providers = assign_providers([keys, keys], [set(), {"c"}])
+    assert providers["c"] == 1  # held by rank 1: nobody tunes it
+    assert [providers[k] for k in "abde"] == [0, 1, 0, 1]
+    # a key only one rank lists (another GPU model) is that rank's
+    assert assign_providers([["x"], ["y"]], [set(), set()]) == {"x": 0, "y": 1}
+    # the lowest holder provides
+    assert assign_providers([keys, keys, keys], [{"a"}, {"a"}, {"a"}])["a"] == 0
+
+
+class CountingTuner:
+    def __init__(self):
+        self.tuned = []
+
+    def __call__(self, problem, **options):
+        self.tuned.append(problem.m)
+        config = GemmConfig()
+        return TuneResult(
+            problem, config, 0.1, 1e-3, [CandidateResult(config, None, 0.1)], 1, 1, 0.0, 0.0, 0.1
+        )
+
+
+def test_one_process_tunes_what_the_cache_lacks_and_resumes(tmp_path):
+    tuner = CountingTuner()
+    chooser = ConfigChooser(
+        results=ResultsCache(tmp_path / "r.sqlite"),
+        tuner=tuner,
+        environment=lambda index: Environment("NVIDIA H200", 132, "0", "0"),
+    )
+    problems = [
+        GemmProblem.of_shape(m, 4096, 4096, layout="tt", arch=Arch.SM90) for m in (1, 2, 3, 16)
+    ]
+    problems.append(GemmProblem.of_shape(8, 4096, 4096, dtype=torch.float32, arch=Arch.SM90))
+    chooser.ensure_tuned(problems[1])  # tuned before: kept
+    first = pretune_problems(problems, chooser=chooser, progress=False)
+    # 3 rounds up to 4, 2's bucket was held; float32 is not ours to tune
+    assert tuner.tuned == [2, 1, 3, 16]
+    assert [row.source for row in first.rows] == ["tuned", "cached", "tuned", "tuned"]
+    assert first.tuned == 3 and all(row.config for row in first.rows)
+    again = pretune_problems(problems, chooser=chooser, progress=False)
+    assert tuner.tuned == [2, 1, 3, 16] and again.tuned == 0  # resumed: nothing left
+    exported = tmp_path / "table.json"
+    assert first.export(exported) == 4
+    other = ResultsCache(tmp_path / "other.sqlite")
+    assert other.import_(exported) == 4
+    assert {k: r.to_json() for k, r in other.items()} == {
+        k: r.to_json() for k, r in chooser.results_cache().items()
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hold", [False, True])
+def test_two_gloo_ranks_split_the_buckets_and_store_identical_tables(tmp_path, hold):
+    init_file = tmp_path / "group"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(CHILD), str(rank), "2", str(init_file), str(tmp_path)]
+            + (["hold"] if hold and rank == 1 else []),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    reports = []
+    for p in processes:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    tuned = [set(r["tuned"]) for r in reports]
+    buckets = 10 - hold  # 2 layers x 5 batch sizes, one held by rank 1
+    assert not tuned[0] & tuned[1]
+    assert len(tuned[0] | tuned[1]) == buckets
+    assert abs(len(tuned[0]) - len(tuned[1])) <= 1  # the work is split evenly
+    # every rank ends with the same records, each from the rank that provided it
+    assert reports[0]["records"] == reports[1]["records"] and len(reports[0]["records"]) == 10
+    for record in map(json.loads, reports[0]["records"].values()):
+        assert record["config"] in {GemmConfig(tile_n=t).key for t in (64, 72, 208)}
+    if hold:
+        records = reports[0]["records"]
+        held = [k for k, r in records.items() if json.loads(r)["how"] == "held before"]
+        assert len(held) == 1 and reports[0]["sources"][held[0]] == "rank 1"
+        assert reports[1]["sources"][held[0]] == "cached"
