@@ -27,7 +27,12 @@ def test_readme_snippet_runs(tmp_path, index):
     env = dict(os.environ, GEMMTUNE_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("CUTE_DSL_ARCH", None)
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=800, env=env
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=env,
+        cwd=tmp_path,  # what a snippet writes stays out of the checkout
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "found no working kernel" not in done.stderr
