@@ -1,16 +1,25 @@
 """What the Blackwell kernel will implement and serve (tcgen05 MMA, TMEM accumulators, 2-CTA).
 
-Plain Python, like `kernels/sm90/rules.py`: the search space reads it; there is no kernel yet,
-so `implements` states the hardware's and the planned kernel's limits.
+Plain Python, like `kernels/sm90/rules.py`: the search space reads it, and the kernel will
+read its models (the CTA pair's split of a tile, the tensor-memory and shared-memory plans);
+there is no kernel yet, so `implements` states the hardware's and the planned kernel's limits.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gemmtune.core.config import Decomposition, GemmConfig, expand_families
 from gemmtune.kernels import serve_reason
-from gemmtune.kernels.sm90.rules import MIN_AB_STAGES, SMEM_CAPACITY, SMEM_RESERVED, TILE_K
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm90.rules import (
+    MIN_AB_STAGES,
+    SMEM_CAPACITY,
+    SMEM_RESERVED,
+    TILE_K,
+    SmemPlan,
+)
 
 if TYPE_CHECKING:
     from gemmtune.core.problem import GemmProblem
@@ -20,13 +29,90 @@ TILE_M_ONE_CTA = (64, 128)
 TILE_M_TWO_CTA = (128, 256)
 TILE_N_CHOICES = tuple(range(32, 257, 32))
 MAX_CLUSTER_CTAS = 16
-#: tensor memory: 512 columns of 32-bit per SM; accumulators are double-buffered
+#: Tensor memory: 128 lanes x 512 columns of 32 bits per SM, allocated in powers of two of at
+#: least 32 columns (`tcgen05.alloc`).
 TMEM_COLUMNS = 512
+TMEM_MIN_ALLOCATION = 32
+#: Accumulator buffers in tensor memory: the MMA fills one tile's while the epilogue drains
+#: the last one's.
+ACCUMULATOR_BUFFERS = 2
+#: Columns of an epilogue sub-tile (TMEM -> registers -> shared memory -> TMA store).
+EPI_TILE_N = 32
+EPI_STAGES = 2
 AB_BYTES = 2
 
 
+@dataclass(frozen=True)
+class CtaShare:
+    """What one CTA of an MMA's CTA group loads and stores. With 2-CTA instructions
+    (`cta_group::2`) the pair splits A's rows, B's rows (the tile's N) and the output's rows
+    between them; the MMA, issued by the pair's even CTA, reads B from both CTAs' shared
+    memory, and each CTA's tensor memory holds the accumulators of its own output rows."""
+
+    a_rows: int
+    b_rows: int
+    out_rows: int
+    out_cols: int
+
+    def a_row_offset(self, peer: int) -> int:
+        """Where the `peer`-th CTA of the group (0 or 1) starts in the tile's A rows."""
+        return peer * self.a_rows
+
+    def b_row_offset(self, peer: int) -> int:
+        """Where it starts in the tile's B rows (N)."""
+        return peer * self.b_rows
+
+
+def cta_share(config: GemmConfig) -> CtaShare:
+    group = 2 if config.two_cta else 1
+    return CtaShare(
+        a_rows=config.tile_m // group,
+        b_rows=config.tile_n // group,
+        out_rows=config.tile_m // group,
+        out_cols=config.tile_n,
+    )
+
+
 def tile_m_per_cta(config: GemmConfig) -> int:
-    return config.tile_m // 2 if config.two_cta else config.tile_m
+    return cta_share(config).out_rows
+
+
+@dataclass(frozen=True)
+class TmemPlan:
+    """The tensor memory one CTA allocates: `buffers` fp32 accumulator tiles side by side, each
+    `buffer_columns` wide (one column per output column, whatever the MMA's M)."""
+
+    buffer_columns: int
+    buffers: int
+
+    @property
+    def used_columns(self) -> int:
+        return self.buffer_columns * self.buffers
+
+    @property
+    def allocated_columns(self) -> int:
+        """What `tcgen05.alloc` is asked for: a power of two of at least 32 columns."""
+        columns = max(TMEM_MIN_ALLOCATION, self.used_columns)
+        return 1 << (columns - 1).bit_length()
+
+    def buffer_start(self, buffer: int) -> int:
+        """The first column of accumulator buffer `buffer` (the tile's i-th uses i % buffers)."""
+        return (buffer % self.buffers) * self.buffer_columns
+
+
+def tmem_plan(config: GemmConfig) -> TmemPlan:
+    return TmemPlan(buffer_columns=cta_share(config).out_cols, buffers=ACCUMULATOR_BUFFERS)
+
+
+def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
+    """One CTA's shared memory: the epilogue's buffers (TMA store only), then as many A/B
+    stages of its share of the tile as fit in the rest."""
+    share = cta_share(config)
+    ab_stage_bytes = (share.a_rows + share.b_rows) * TILE_K * AB_BYTES
+    epi_stage_bytes = share.out_rows * EPI_TILE_N * signature.out_bytes if config.tma_store else 0
+    epi_stages = EPI_STAGES if config.tma_store else 0
+    stages = (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
+    return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes)
 
 
 def implements(config: GemmConfig) -> str | None:
@@ -43,11 +129,9 @@ def implements(config: GemmConfig) -> str | None:
         return f"a cluster has at most {MAX_CLUSTER_CTAS} CTAs"
     if config.two_cta and config.cluster_m % 2:
         return "2-CTA instructions need an even cluster_m"
-    if 2 * config.tile_n > TMEM_COLUMNS:
-        return "two accumulator buffers of tile_n columns must fit in tensor memory"
-    stage = (tile_m_per_cta(config) + config.tile_n) * TILE_K * AB_BYTES
-    epilogue = tile_m_per_cta(config) * 32 * 4 * 2 if config.tma_store else 0
-    if (SMEM_CAPACITY - SMEM_RESERVED - epilogue) // stage < MIN_AB_STAGES:
+    if tmem_plan(config).allocated_columns > TMEM_COLUMNS:
+        return f"{ACCUMULATOR_BUFFERS} accumulator buffers must fit in {TMEM_COLUMNS} TMEM columns"
+    if smem_plan(config, KernelSignature(out_dtype="fp32")).ab_stages < MIN_AB_STAGES:
         return "fewer than two A/B stages fit in shared memory"
     return None
 
