@@ -147,3 +147,23 @@ def test_two_gloo_ranks_split_the_buckets_and_store_identical_tables(tmp_path, h
         held = [k for k, r in records.items() if json.loads(r)["how"] == "held before"]
         assert len(held) == 1 and reports[0]["sources"][held[0]] == "rank 1"
         assert reports[1]["sources"][held[0]] == "cached"
+
+
+def test_a_bucket_whose_tune_fails_leaves_the_others_tuned(tmp_path, caplog):
+    tuner = CountingTuner()
+
+    def flaky(problem, **options):
+        if problem.m == 16:
+            raise RuntimeError("the benchmark worker died")
+        return tuner(problem)
+
+    chooser = ConfigChooser(
+        results=ResultsCache(tmp_path / "r.sqlite"),
+        tuner=flaky,
+        environment=lambda index: Environment("NVIDIA H200", 132, "0", "0"),
+    )
+    problems = [GemmProblem.of_shape(m, 4096, 4096, arch=Arch.SM90) for m in (1, 16, 64)]
+    outcome = pretune_problems(problems, chooser=chooser, progress=False)
+    assert tuner.tuned == [1, 64]
+    assert [row.config is not None for row in outcome.rows] == [True, False, True]
+    assert "the benchmark worker died" in caplog.text

@@ -228,7 +228,12 @@ def pretune_problems(
     for key in bar:
         p = by_key[key]
         bar.set_postfix_str(f"{p.m}x{p.n}x{p.k}")
-        if chooser.ensure_tuned(p) is not None:
+        try:
+            record = chooser.ensure_tuned(p)
+        except Exception:  # one bucket's failure must not stop the rest, nor the other ranks
+            log.exception("pretune: tuning %dx%dx%d failed; its bucket stays open", p.m, p.n, p.k)
+            continue
+        if record is not None:
             tuned.add(key)
     bar.close()
     if distributed:
