@@ -197,10 +197,11 @@ def pretune_problems(
     only report what the cache holds."""
     import torch.distributed as dist
 
+    dispatcher = None
     if chooser is None:
         from gemmtune.api.dispatch import DISPATCHER
 
-        chooser = DISPATCHER.chooser
+        dispatcher, chooser = DISPATCHER, DISPATCHER.chooser
     if distributed is None:
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     start = time.perf_counter()
@@ -248,6 +249,8 @@ def pretune_problems(
             for key, text in records.items():
                 if key in by_key and from_rank != rank:
                     results.store(key, TunedRecord.from_json(text))
+    if dispatcher is not None:
+        dispatcher.plans.clear()  # plans made before may follow records replaced here
     outcome = PretuneResult(wall_s=time.perf_counter() - start, ranks=ranks)
     for key, p in by_key.items():
         if key in tuned:
