@@ -194,12 +194,8 @@ def test_the_record_keeps_the_tuners_winner_not_a_faster_first_timing():
     assert record_of(result).config == "cublas"
 
 
-@pytest.mark.parametrize("arch", [Arch.SM100, Arch.OTHER])
-def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(
-    chooser, dispatcher, monkeypatch, arch
-):
-    """On an sm_100 GPU (no Blackwell kernel yet) every call goes to torch.matmul, as on any
-    GPU we have no kernel for; the arch is faked, the tensors stay on the CPU."""
+def _on_a_faked_gpu(monkeypatch, arch):
+    """Tensors on the CPU described as on GPU 0 of architecture `arch`."""
     import gemmtune.core.problem as problem_module
 
     def on_gpu(t, name):
@@ -207,11 +203,37 @@ def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(
 
     monkeypatch.setattr(problem_module.Operand, "of", staticmethod(on_gpu))
     monkeypatch.setattr(problem_module, "arch_of", lambda index: arch)
+
+
+def test_a_gpu_without_our_kernels_falls_back_and_never_tunes(chooser, dispatcher, monkeypatch):
+    """On a GPU we have no kernel for every call goes to torch.matmul; the arch is faked, the
+    tensors stay on the CPU."""
+    _on_a_faked_gpu(monkeypatch, Arch.OTHER)
     a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
     for _ in range(2):
         out = dispatcher(a, b, mode="tune")
         torch.testing.assert_close(out, a @ b)
     assert chooser.tuner.calls == 0 and chooser.results.items() == []
+
+
+@pytest.mark.parametrize("mode", ["heuristic", "cache-only"])
+def test_an_unverified_kernel_serves_nothing_a_tune_has_not_verified(
+    chooser, dispatcher, monkeypatch, mode
+):
+    """The Blackwell kernel has not run on a B200: without a tuned record (the tune verifies
+    every candidate on the GPU) torch.matmul serves, where on Hopper the model's first choice
+    would run."""
+    _on_a_faked_gpu(monkeypatch, Arch.SM100)
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    plan = dispatcher.plan(a, b, mode=mode)
+    assert plan.config is None and "sm_100" in str(plan.reason)
+    torch.testing.assert_close(dispatcher(a, b, mode=mode), a @ b)
+    assert chooser.tuner.calls == 0
+    # a tune verifies: in mode "tune" the bucket is tuned, and its record serves
+    problem = GemmProblem.from_tensors(a, b)
+    assert chooser.config_for(problem, "tune") == TUNED
+    assert chooser.tuner.calls == 1
+    assert chooser.config_for(problem, "cache-only") == TUNED
 
 
 def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):

@@ -26,15 +26,17 @@ def test_a_cta_pair_splits_a_b_and_the_output_rows():
     ("fields", "used", "allocated"),
     [
         ({"tile_m": 128, "tile_n": 256}, 512, 512),
-        ({"tile_m": 64, "tile_n": 96}, 192, 256),  # allocations are powers of two
-        ({"tile_m": 64, "tile_n": 32}, 64, 64),
+        ({"tile_m": 128, "tile_n": 96}, 192, 256),  # allocations are powers of two
+        ({"tile_m": 64, "tile_n": 96}, 96, 128),  # 64 rows fill the 128 lanes in half the columns
+        ({"tile_m": 64, "tile_n": 32}, 32, 32),
         ({"tile_m": 256, "tile_n": 160, "cluster_m": 2, "two_cta": True}, 320, 512),
+        ({"tile_m": 128, "tile_n": 64, "cluster_m": 2, "two_cta": True}, 64, 64),
     ],
 )
 def test_tensor_memory_holds_two_accumulator_tiles(fields, used, allocated):
     plan = rules.tmem_plan(sm100(**fields))
     assert (plan.used_columns, plan.allocated_columns) == (used, allocated)
-    width = fields["tile_n"]
+    width = used // 2
     # tile after tile, the MMA and the epilogue alternate between the two buffers
     assert [plan.buffer_start(i) for i in range(4)] == [0, width, 0, width]
 

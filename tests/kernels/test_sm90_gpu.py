@@ -6,11 +6,19 @@ import pytest
 import torch
 
 from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch, arch_of
 from gemmtune.core.dtypes import torch_dtype
 from gemmtune.core.problem import GemmProblem
 from gemmtune.measure.verify import relative_error, tolerance
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        torch.cuda.is_available() and arch_of(0) is not Arch.SM90,
+        reason="the Hopper kernel's cases run on an sm_90 GPU (test_sm100_gpu.py on a B200)",
+    ),
+]
 
 
 def operands(m, n, k, l, layout, ab, out_dtype, out_major, seed):

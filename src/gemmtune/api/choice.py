@@ -58,7 +58,8 @@ class ConfigChooser:
         return self.results
 
     def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
-        """The config `mode` picks for a supported problem; None when torch.matmul won."""
+        """The config `mode` picks for a supported problem; None when torch.matmul won, or
+        where only the model could choose on a GPU whose kernel no tune has verified."""
         if mode in ("tune", "cache-only"):
             key = self.bucket_key(problem)
             results = self.results_cache()
@@ -69,6 +70,8 @@ class ConfigChooser:
                     log.warning("tuning found no working kernel; using the model's first choice")
             if record is not None:
                 return self.for_shape(record, problem)
+        if not problem.arch.verified_on_hardware:
+            return None  # no tune verified a kernel on this GPU: torch.matmul serves
         return self.first_choice(problem)
 
     @staticmethod

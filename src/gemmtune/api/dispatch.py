@@ -198,7 +198,13 @@ class Dispatcher:
 
         config = self.chooser.config_for(problem, mode)
         if config is None:
-            return Plan(None, (), None, reason="torch.matmul won this bucket's tuning")
+            reason = "torch.matmul won this bucket's tuning"
+            if not problem.arch.verified_on_hardware:
+                reason = (
+                    f"the {problem.arch.value} kernel has not run on such a GPU before: it serves "
+                    "only buckets a tune (mode tune) verified, and this one has no such record"
+                )
+            return Plan(None, (), None, reason=reason)
         kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
         p = problem
         args = launch_args(config, p.device, p.m, p.n, p.k, p.l)

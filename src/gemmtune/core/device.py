@@ -37,8 +37,14 @@ class Arch(str, enum.Enum):
 
     @property
     def has_kernels(self) -> bool:
-        """Whether a gemmtune kernel runs on this architecture (`kernels.build.KERNEL_MODULES`
-        names them; Blackwell's space is defined, its kernel not yet)."""
+        """Whether gemmtune has a kernel for this architecture (`kernels.build.KERNEL_MODULES`)."""
+        return self in (Arch.SM90, Arch.SM100)
+
+    @property
+    def verified_on_hardware(self) -> bool:
+        """Whether its kernel has run on this architecture's GPUs. The Blackwell kernel has only
+        been compiled (no B200 was at hand): it serves a bucket only where a tune verified it
+        on the GPU, never as the ranking model's untested first choice."""
         return self is Arch.SM90
 
     @classmethod

@@ -272,10 +272,9 @@ class GemmProblem:
         if arch is None:
             arch = arch_of(a.device.index or 0)
         if not arch.has_kernels:
-            known = "" if arch is Arch.OTHER else f" (no kernel for {arch.value} yet)"
             reasons.append(
                 FallbackReason(
-                    "arch", f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 GPUs{known}"
+                    "arch", f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 and sm_100 GPUs"
                 )
             )
         if a.dtype not in KERNEL_INPUT_DTYPES:

@@ -107,7 +107,10 @@ def artifact_name(config: GemmConfig, signature: KernelSignature) -> str:
 
 
 #: The kernel module of each architecture that has one (compile targets drop the "a").
-KERNEL_MODULES = {"sm_90": "gemmtune.kernels.sm90.kernel"}
+KERNEL_MODULES = {
+    "sm_90": ("gemmtune.kernels.sm90.kernel", "HopperGemm"),
+    "sm_100": ("gemmtune.kernels.sm100.kernel", "BlackwellGemm"),
+}
 
 
 def import_compiler(target: str) -> None:
@@ -117,9 +120,9 @@ def import_compiler(target: str) -> None:
 
     import cutlass  # noqa: F401
 
-    module = KERNEL_MODULES.get(target.removesuffix("a"))
-    if module is not None:
-        importlib.import_module(module)
+    kernel = KERNEL_MODULES.get(target.removesuffix("a"))
+    if kernel is not None:
+        importlib.import_module(kernel[0])
 
 
 def export_gemm(kernel: CompiledGemm, path: Path) -> None:
@@ -211,17 +214,19 @@ def compile_gemm(
     the `nvidia-cuda-nvdisasm` wheel or a CUDA toolkit). `dependent_launch=False` builds a
     kernel launched the plain way (no programmatic dependent launch), for comparison.
     """
+    import importlib
+
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
 
     if config.arch not in KERNEL_MODULES:
         raise NotImplementedError(f"no kernel for {config.arch} yet")
-    from gemmtune.kernels.sm90.kernel import HopperGemm
-
+    module, kernel_class = KERNEL_MODULES[config.arch]
     start = time.perf_counter()
     built_for = signature.swapped() if config.swap_ab else signature
-    gemm = HopperGemm(config, built_for, dependent_launch=dependent_launch)
+    gemm_class = getattr(importlib.import_module(module), kernel_class)
+    gemm = gemm_class(config, built_for, dependent_launch=dependent_launch)
     fakes = fake_arguments(built_for)
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
@@ -237,38 +242,57 @@ def compile_gemm(
     return CompiledGemm(config, signature, function, elapsed, ptx, sass)
 
 
+#: Per architecture: the PTX of its MMA, and its SASS (Hopper's HGMMA; Blackwell's tcgen05 MMA
+#: as UTCHMMA and kin, UTC*MMA for 2-CTA forms too).
+MMA_INSTRUCTIONS = {
+    "sm_90": ("wgmma.mma_async", r"\bHGMMA\b"),
+    "sm_100": ("tcgen05.mma", r"\bUTC\w*MMA\w*\b"),
+}
+
+
 @dataclass(frozen=True)
 class BinaryReport:
     """What the compiler made of one kernel: the instructions we insist on, and spills."""
 
     config_key: str
     signature_key: str
+    arch: str
     compile_s: float
-    wgmma_in_ptx: bool
+    mma_in_ptx: bool  # the architecture's MMA (`MMA_INSTRUCTIONS`)
     waits_for_prior_grid: bool  # griddepcontrol.wait: it is launched as a dependent launch
-    hgmma_in_sass: int
+    mma_in_sass: int
     local_memory_ops: int  # STL/LDL in SASS: register spills or local arrays
+    tma_stores: int  # UTMASTG: the epilogue's TMA stores
+    tmem_loads: int  # LDTM: tensor memory to registers (Blackwell's epilogue)
+    tma_store_expected: bool  # the config's `tma_store`
 
     @property
     def ok(self) -> bool:
         return (
-            self.wgmma_in_ptx
+            self.mma_in_ptx
             and self.waits_for_prior_grid
-            and self.hgmma_in_sass > 0
+            and self.mma_in_sass > 0
             and self.local_memory_ops == 0
+            and (self.tma_stores > 0) == self.tma_store_expected
+            and (self.tmem_loads > 0 or self.arch != "sm_100")
         )
 
 
 def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport:
     """Compile with PTX and SASS kept, and count what matters in them."""
     kernel = compile_gemm(config, signature, keep=("ptx", "sass"))
-    sass = kernel.sass or ""
+    sass, ptx = kernel.sass or "", kernel.ptx or ""
+    mma_ptx, mma_sass = MMA_INSTRUCTIONS[config.arch]
     return BinaryReport(
         config_key=config.compile_key,
         signature_key=signature.key,
+        arch=config.arch,
         compile_s=kernel.compile_s,
-        wgmma_in_ptx="wgmma.mma_async" in (kernel.ptx or ""),
-        waits_for_prior_grid="griddepcontrol.wait" in (kernel.ptx or ""),
-        hgmma_in_sass=len(re.findall(r"\bHGMMA\b", sass)),
+        mma_in_ptx=mma_ptx in ptx,
+        waits_for_prior_grid="griddepcontrol.wait" in ptx,
+        mma_in_sass=len(re.findall(mma_sass, sass)),
         local_memory_ops=len(re.findall(r"\b(?:STL|LDL)\b", sass)),
+        tma_stores=len(re.findall(r"\bUTMASTG\b", sass)),
+        tmem_loads=len(re.findall(r"\bLDTM\b", sass)),
+        tma_store_expected=config.tma_store,
     )

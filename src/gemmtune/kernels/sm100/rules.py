@@ -1,8 +1,8 @@
-"""What the Blackwell kernel will implement and serve (tcgen05 MMA, TMEM accumulators, 2-CTA).
+"""What the Blackwell kernel implements and serves (tcgen05 MMA, TMEM accumulators, 2-CTA).
 
-Plain Python, like `kernels/sm90/rules.py`: the search space reads it, and the kernel will
-read its models (the CTA pair's split of a tile, the tensor-memory and shared-memory plans);
-there is no kernel yet, so `implements` states the hardware's and the planned kernel's limits.
+Plain Python, like `kernels/sm90/rules.py`: the search space reads it, and the kernel
+(`sm100/kernel.py`) follows its models (the CTA pair's split of a tile, the tensor-memory and
+shared-memory plans) and checks them against the DSL's layouts when it is built.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ MAX_CLUSTER_CTAS = 16
 #: Tensor memory: 128 lanes x 512 columns of 32 bits per SM, allocated in powers of two of at
 #: least 32 columns (`tcgen05.alloc`).
 TMEM_COLUMNS = 512
+TMEM_LANES = 128
 TMEM_MIN_ALLOCATION = 32
 #: Accumulator buffers in tensor memory: the MMA fills one tile's while the epilogue drains
 #: the last one's.
@@ -80,7 +81,7 @@ def tile_m_per_cta(config: GemmConfig) -> int:
 @dataclass(frozen=True)
 class TmemPlan:
     """The tensor memory one CTA allocates: `buffers` fp32 accumulator tiles side by side, each
-    `buffer_columns` wide (one column per output column, whatever the MMA's M)."""
+    `buffer_columns` wide."""
 
     buffer_columns: int
     buffers: int
@@ -101,7 +102,11 @@ class TmemPlan:
 
 
 def tmem_plan(config: GemmConfig) -> TmemPlan:
-    return TmemPlan(buffer_columns=cta_share(config).out_cols, buffers=ACCUMULATOR_BUFFERS)
+    """A CTA's fp32 accumulators fill its 128 lanes row by row: 128 rows x n take n columns,
+    64 rows x n take n / 2 (the DSL's layouts agree: `BlackwellGemm` checks at build time)."""
+    share = cta_share(config)
+    columns = share.out_cols * share.out_rows // TMEM_LANES
+    return TmemPlan(buffer_columns=columns, buffers=ACCUMULATOR_BUFFERS)
 
 
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
@@ -119,6 +124,8 @@ def implements(config: GemmConfig) -> str | None:
     """Why the Blackwell kernel cannot be built for `config`, or None when it can."""
     if config.arch != "sm_100":
         return f"the Blackwell kernel compiles for sm_100, not {config.arch}"
+    if config.decomposition is not Decomposition.DATA_PARALLEL:
+        return "the Blackwell kernel is data-parallel; split-K and stream-K are Hopper's"
     allowed = TILE_M_TWO_CTA if config.two_cta else TILE_M_ONE_CTA
     if config.tile_m not in allowed:
         return f"tile_m must be one of {allowed} {'with' if config.two_cta else 'without'} 2-CTA"

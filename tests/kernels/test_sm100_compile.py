@@ -1,0 +1,69 @@
+"""Compile-only lane for the Blackwell kernel (no B200 needed): every config the kernel
+implements compiles for sm_100a with tcgen05 MMAs in its PTX and SASS (UTC*MMA, 2-CTA forms
+included), tensor-memory loads in its epilogue (LDTM), TMA stores exactly where `tma_store`,
+and no local memory; every dtype, layout and rank compiles too. Building a kernel also checks
+`rules.smem_plan` and `rules.tmem_plan` against the DSL's layouts."""
+
+import itertools
+
+import pytest
+from test_sm90_compile import needs_nvdisasm  # the same tool, found the same way
+
+from gemmtune.core.config import Decomposition, GemmConfig
+from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.sm100 import rules
+from gemmtune.workers.compiler import CompileJob, CompilePool, inspect_all
+
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    pool = CompilePool("sm_100a", max_workers=2)
+    yield pool
+    pool.stop_workers()
+
+
+def _check(pool, jobs):
+    reports = inspect_all(jobs, pool)
+    bad = [r for r in reports if not r.ok]
+    assert not bad, "\n".join(map(str, bad[:10]))
+    return reports
+
+
+@needs_nvdisasm
+def test_every_implemented_config_compiles_to_tcgen05_without_spills(pool):
+    configs = rules.implemented_configs(tuple(Decomposition))
+    assert len(configs) == 800
+    reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
+    assert {r.config_key for r in reports} == {c.compile_key for c in configs}
+    assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
+
+
+@needs_nvdisasm
+def test_every_signature_compiles(pool):
+    signatures = [
+        KernelSignature(ab, out, am, bm, om, batched)
+        for ab, out, (am, bm), om, batched in itertools.product(
+            ("bf16", "fp16"),
+            ("bf16", "fp16", "fp32"),
+            (("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")),
+            ("n", "m"),
+            (False, True),
+        )
+    ]
+    configs = [
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=256),
+        GemmConfig(arch="sm_100", tile_m=256, tile_n=128, cluster_m=2, two_cta=True),
+        GemmConfig(arch="sm_100", tile_m=64, tile_n=96, cluster_n=2, tma_store=False),
+        GemmConfig(
+            arch="sm_100", tile_m=128, tile_n=64, cluster_m=2, two_cta=True, tma_store=False
+        ),
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=32, cluster_m=4),
+    ]
+    _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(signatures)])
+
+
+def test_split_k_and_stream_k_are_hoppers_only():
+    config = GemmConfig(arch="sm_100", decomposition="stream_k")
+    assert "data-parallel" in rules.implements(config)

@@ -1,0 +1,48 @@
+"""The Blackwell kernel on a B200 (skipped on other GPUs): tiles on one CTA and on a pair,
+clusters, both epilogues, all four layouts, every output dtype and major, ragged, tiny and
+batched shapes, swapped operands, against a float32 reference, outputs poisoned with NaN."""
+
+import pytest
+import torch
+from test_sm90_gpu import kernel_for, operands, parse_case, rel_err, tolerance_of
+
+from gemmtune.core.device import Arch, arch_of
+from gemmtune.core.problem import GemmProblem
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or arch_of(0) is not Arch.SM100,
+        reason="needs an sm_100 GPU (B200)",
+    ),
+]
+
+# config key (raster/swizzle left out) | m x n x k x l | layout | ab -> out dtype | out major
+CASES = """
+sm100_128x256_c1x1_coop_tma_dp      | 1001x1528x2056x1 | tn | bf16 fp32 | n
+sm100_128x128_c1x2_coop_tma_dp      | 2999x4104x1000x1 | tn | fp16 fp16 | n
+sm100_64x64_c1x1_coop_st_dp         |    264x385x200x1 | tt | bf16 bf16 | m
+sm100_64x192_c2x1_coop_tma_dp       |  520x4104x1000x3 | nt | bf16 bf16 | n
+sm100_256x256_c2x1_2cta_coop_tma_dp | 4096x4096x4096x1 | tn | bf16 bf16 | n
+sm100_256x128_c2x2_2cta_coop_st_dp  | 1000x1528x2056x2 | nn | bf16 fp32 | m
+sm100_128x64_c4x1_2cta_coop_tma_dp  |         1x8x64x1 | tn | bf16 bf16 | n
+sm100_128x32_c2x1_2cta_swap_coop_tma_dp | 16x4096x4096x1 | tt | bf16 bf16 | n
+"""
+CASE_LINES = CASES.strip().splitlines()
+
+
+@pytest.mark.parametrize("case", CASE_LINES, ids=[" ".join(c.split()) for c in CASE_LINES])
+def test_kernel_matches_reference(case):
+    from gemmtune.kernels.launch import launch
+    from gemmtune.kernels.sm100 import rules
+
+    config, shape, layout, ab, out_dtype, out_major = parse_case(case)
+    m, n, k, l = shape
+    a, b, out = operands(m, n, k, l, layout, ab, out_dtype, out_major, seed=m + n + k)
+    problem = GemmProblem.from_tensors(a, b, out)
+    assert rules.serves(config, problem) is None
+    launch(kernel_for(config, problem), a, b, out, config)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "some outputs were never written"
+    assert rel_err(out, a, b) < tolerance_of(out_dtype)
