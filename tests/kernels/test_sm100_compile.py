@@ -7,12 +7,12 @@ and no local memory; every dtype, layout and rank compiles too. Building a kerne
 import itertools
 
 import pytest
-from test_sm90_compile import needs_nvdisasm  # the same tool, found the same way
+from test_sm90_compile import _check, needs_nvdisasm
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm100 import rules
-from gemmtune.workers.compiler import CompileJob, CompilePool, inspect_all
+from gemmtune.workers.compiler import CompileJob, CompilePool
 
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]
 
@@ -22,13 +22,6 @@ def pool():
     pool = CompilePool("sm_100a", max_workers=2)
     yield pool
     pool.stop_workers()
-
-
-def _check(pool, jobs):
-    reports = inspect_all(jobs, pool)
-    bad = [r for r in reports if not r.ok]
-    assert not bad, "\n".join(map(str, bad[:10]))
-    return reports
 
 
 @needs_nvdisasm

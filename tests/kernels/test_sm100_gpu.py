@@ -4,10 +4,9 @@ batched shapes, swapped operands, against a float32 reference, outputs poisoned 
 
 import pytest
 import torch
-from test_sm90_gpu import kernel_for, operands, parse_case, rel_err, tolerance_of
+from test_sm90_gpu import check_case
 
 from gemmtune.core.device import Arch, arch_of
-from gemmtune.core.problem import GemmProblem
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,15 +33,6 @@ CASE_LINES = CASES.strip().splitlines()
 
 @pytest.mark.parametrize("case", CASE_LINES, ids=[" ".join(c.split()) for c in CASE_LINES])
 def test_kernel_matches_reference(case):
-    from gemmtune.kernels.launch import launch
     from gemmtune.kernels.sm100 import rules
 
-    config, shape, layout, ab, out_dtype, out_major = parse_case(case)
-    m, n, k, l = shape
-    a, b, out = operands(m, n, k, l, layout, ab, out_dtype, out_major, seed=m + n + k)
-    problem = GemmProblem.from_tensors(a, b, out)
-    assert rules.serves(config, problem) is None
-    launch(kernel_for(config, problem), a, b, out, config)
-    torch.cuda.synchronize()
-    assert not out.isnan().any(), "some outputs were never written"
-    assert rel_err(out, a, b) < tolerance_of(out_dtype)
+    check_case(case, rules)

@@ -134,8 +134,15 @@ def kernel_for(config, problem):
 
 @pytest.mark.parametrize("case", CASE_LINES, ids=[" ".join(c.split()) for c in CASE_LINES])
 def test_kernel_matches_reference(case):
-    from gemmtune.kernels.launch import launch
     from gemmtune.kernels.sm90 import rules
+
+    check_case(case, rules)
+
+
+def check_case(case, rules):
+    """One line of a CASES table, on the kernel whose `rules` serve it: NaN-poisoned output,
+    every element written, within the dtype's tolerance, a reduction bitwise repeatable."""
+    from gemmtune.kernels.launch import launch
 
     config, shape, layout, ab, out_dtype, out_major = parse_case(case)
     m, n, k, l = shape

@@ -239,9 +239,9 @@ def pretune_problems(
     bar.close()
     if distributed:
         provided = {
-            key: results.lookup(key).to_json()
+            key: record.to_json()
             for key in keys
-            if providers[key] == rank and results.lookup(key) is not None
+            if providers[key] == rank and (record := results.lookup(key)) is not None
         }
         gathered = [None] * ranks
         dist.all_gather_object(gathered, provided)

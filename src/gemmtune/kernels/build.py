@@ -184,7 +184,8 @@ def fake_arguments(signature: KernelSignature) -> tuple:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    types = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+    from gemmtune.kernels.operands import DSL_DTYPES as types
+
     m, n, k = (cute.sym_int64(symbol=s) for s in "mnk")
     l = cute.sym_int64(symbol="l")
     ab = types[signature.ab_dtype]

@@ -122,6 +122,34 @@ class TileScheduler:
             swizzle,
         )
 
+    @staticmethod
+    def for_tensors(
+        decomposition: str,
+        cluster_shape_mn: tuple,
+        tile_mnk: tuple,
+        mA: cute.Tensor,
+        mC: cute.Tensor,
+        splits: Int32,
+        max_active_clusters: Int32,
+        along_n: Int32,
+        swizzle: Int32,
+    ) -> "TileScheduler":
+        """`create` for a launch on A (M, K, L) and C (M, N, L) in tiles of `tile_mnk`: the
+        tile counts from the tensors' extents."""
+        tile_m, tile_n, tile_k = tile_mnk
+        return TileScheduler.create(
+            decomposition,
+            cluster_shape_mn,
+            Int32((mC.shape[0] + tile_m - 1) // tile_m),
+            Int32((mC.shape[1] + tile_n - 1) // tile_n),
+            Int32(mC.shape[2]),
+            Int32((mA.shape[1] + tile_k - 1) // tile_k),
+            splits,
+            max_active_clusters,
+            along_n,
+            swizzle,
+        )
+
     # -- positions -----------------------------------------------------------------------
 
     def _sk_range(self, cluster: Int32):

@@ -8,8 +8,8 @@ own rows' accumulators. Two accumulator buffers (`rules.tmem_plan`) let the MMA 
 tile's while the epilogue drains the last one's.
 
 Tiles come from our scheduler (`kernels/scheduler.py`), counted in MMA tiles: with 2-CTA
-instructions its cluster is (cluster_m / 2) x cluster_n MMA tiles. Tensors arrive in torch's
-order and are viewed as (M, K, L) / (N, K, L) / (M, N, L), as for Hopper.
+instructions its cluster is (cluster_m / 2) x cluster_n MMA tiles. Tensors are viewed as
+the Hopper kernel views them (`kernels/operands.py`).
 """
 
 import cuda.bindings.driver as cuda
@@ -20,13 +20,12 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
-from cutlass.tensor_utils import LayoutEnum
 from cutlass.utils.gemm.sm100 import epilogue, epilogue_tma_store
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.operands import DSL_DTYPES, kernel_view, operand_layouts
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.kernels.sm90.kernel import DSL_DTYPES, kernel_view
 from gemmtune.kernels.sm100 import rules
 
 EPILOGUE_WARPS = (0, 1, 2, 3)
@@ -60,8 +59,7 @@ class BlackwellGemm:
         self.group = 2 if config.two_cta else 1
         self.mma_tiler_mn = (config.tile_m, config.tile_n)
         self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
-        self.a_major = LayoutEnum.ROW_MAJOR if signature.a_major == "k" else LayoutEnum.COL_MAJOR
-        self.b_major = LayoutEnum.ROW_MAJOR if signature.b_major == "k" else LayoutEnum.COL_MAJOR
+        self.a_major, self.b_major, self.c_layout = operand_layouts(signature)
         plan = rules.smem_plan(config, signature)
         self.ab_stages = plan.ab_stages
         self.ab_stage_bytes = plan.ab_stage_bytes
@@ -69,7 +67,6 @@ class BlackwellGemm:
         # read by the DSL's epilogues
         self.acc_dtype = cutlass.Float32
         self.c_dtype = DSL_DTYPES[signature.out_dtype]
-        self.c_layout = LayoutEnum.ROW_MAJOR if signature.out_major == "n" else LayoutEnum.COL_MAJOR
         self.use_2cta_instrs = config.two_cta
         self.cta_tile_shape_mnk = (config.tile_m // self.group, config.tile_n, rules.TILE_K)
         self.epilog_sync_bar_id = EPILOGUE_BARRIER
@@ -164,16 +161,12 @@ class BlackwellGemm:
                 cute.select(epi_smem, mode=[0, 1]),
                 epi_tile,
             )
-        tiles_m = (mC.shape[0] + self.mma_tiler_mn[0] - 1) // self.mma_tiler_mn[0]
-        tiles_n = (mC.shape[1] + self.mma_tiler_mn[1] - 1) // self.mma_tiler_mn[1]
-        k_tiles = (mA.shape[1] + rules.TILE_K - 1) // rules.TILE_K
-        scheduler = sched.TileScheduler.create(
+        scheduler = sched.TileScheduler.for_tensors(
             self.config.decomposition.value,
             (self.cluster_shape_mn[0] // self.group, self.cluster_shape_mn[1]),
-            Int32(tiles_m),
-            Int32(tiles_n),
-            Int32(mC.shape[2]),
-            Int32(k_tiles),
+            mma_tiler,
+            mA,
+            mC,
             splits,
             max_active_clusters,
             along_n,

@@ -8,9 +8,8 @@ consumers) and two consumer warpgroups issuing WGMMA (three for 192-row tiles).
   epilogues (they share the epilogue's shared memory), so one's epilogue overlaps the
   other's mainloop.
 
-Tensors arrive in torch's order, (m, k) / (k, n) / (m, n) with an optional leading batch
-dimension, and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L) at trace time,
-so a launch passes torch tensors untouched.
+Tensors arrive in torch's order and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L)
+at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched.
 """
 
 import cuda.bindings.driver as cuda
@@ -21,10 +20,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.memory import SmemAllocator
-from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.operands import DSL_DTYPES, kernel_view, operand_layouts
 from gemmtune.kernels.reduction import (
     SharedTile,
     gather_partials,
@@ -35,28 +34,11 @@ from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
 
-DSL_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
-
 # Named barrier ids (0 is __syncthreads): one epilogue barrier per consumer group, then the
 # ping-pong order barriers, one per warpgroup and per stage.
 EPILOGUE_BARRIER = 1
 MMA_ORDER_BARRIER = 3
 EPILOGUE_ORDER_BARRIER = 5
-
-
-def kernel_view(t: cute.Tensor, rows: int, cols: int) -> cute.Tensor:
-    """The (rows, cols, L) view of a tensor in torch order; `rows` and `cols` index its last
-    two dimensions (0 or 1). A 2-D tensor gets a unit batch mode."""
-    layout = t.layout
-    batched = cute.rank(layout) == 3
-    base = 1 if batched else 0
-    shape = (layout.shape[base + rows], layout.shape[base + cols])
-    stride = (layout.stride[base + rows], layout.stride[base + cols])
-    if batched:
-        shape, stride = (*shape, layout.shape[0]), (*stride, layout.stride[0])
-    else:
-        shape, stride = (*shape, 1), (*stride, 0)
-    return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
 
 
 class HopperGemm:
@@ -80,9 +62,7 @@ class HopperGemm:
         self.epi_tile = rules.epi_tile(config)
         self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
-        self.a_layout = LayoutEnum.ROW_MAJOR if signature.a_major == "k" else LayoutEnum.COL_MAJOR
-        self.b_layout = LayoutEnum.ROW_MAJOR if signature.b_major == "k" else LayoutEnum.COL_MAJOR
-        self.c_layout = LayoutEnum.ROW_MAJOR if signature.out_major == "n" else LayoutEnum.COL_MAJOR
+        self.a_layout, self.b_layout, self.c_layout = operand_layouts(signature)
         wg = rules.THREADS_PER_WARPGROUP
         self.consumers = rules.consumer_warpgroups(config)
         self.producer_registers, self.consumer_registers = rules.register_split(config)
@@ -165,16 +145,12 @@ class HopperGemm:
                 self.epi_tile,
             )
 
-        tiles_m = (mC.shape[0] + tile_m - 1) // tile_m
-        tiles_n = (mC.shape[1] + tile_n - 1) // tile_n
-        k_tiles = (mA.shape[1] + tile_k - 1) // tile_k
-        scheduler = sched.TileScheduler.create(
+        scheduler = sched.TileScheduler.for_tensors(
             self.config.decomposition.value,
             self.cluster_shape_mn,
-            Int32(tiles_m),
-            Int32(tiles_n),
-            Int32(mC.shape[2]),
-            Int32(k_tiles),
+            self.tile_shape_mnk,
+            mA,
+            mC,
             splits,
             max_active_clusters,
             along_n,
