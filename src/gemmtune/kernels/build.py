@@ -221,9 +221,7 @@ def compile_gemm(
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream
 
-    if config.arch not in KERNEL_MODULES:
-        raise NotImplementedError(f"no kernel for {config.arch} yet")
-    module, kernel_class = KERNEL_MODULES[config.arch]
+    module, kernel_class = KERNEL_MODULES[config.arch]  # every arch a GemmConfig allows
     start = time.perf_counter()
     built_for = signature.swapped() if config.swap_ab else signature
     gemm_class = getattr(importlib.import_module(module), kernel_class)
