@@ -6,12 +6,14 @@ says our kernel won the bucket (the ranking model's first choice, stored as a tu
 it) and where it says cuBLAS won; `tuned_gemm(a, b, mode="off")`; and the compiled kernel's
 launcher called directly. Both cached records live in a results cache of their own, in a
 temporary directory, so nothing is tuned and the user's cache is not touched. Each contender
-runs loops of `--calls` back-to-back calls; the loops of all contenders are interleaved,
-`--loops` rounds, and the median of a contender's mean time per call is reported. Rows
-`dispatch_ours`, `dispatch_cublas` and `dispatch_off` hold tuned_gemm's excess over torch.mm on
-the same tensors in `us`.
+runs loops of `--calls` back-to-back calls; one round runs one loop of every contender, in an
+order that rotates from round to round, `--loops` rounds. A contender's `us` is the median of its
+loops' mean time per call. Rows `dispatch_ours`, `dispatch_cublas` and `dispatch_off` hold
+tuned_gemm's excess over torch.mm on the same tensors: the median over rounds of the difference
+between the two loops of one round, so a host that speeds up or slows down between rounds (a
+shared machine does) moves both sides of each difference alike.
 
-    python -m benchmarks dispatch --out-dir DIR [--calls 1000] [--loops 15]
+    python -m benchmarks dispatch --out-dir DIR [--calls 200] [--loops 300]
 """
 
 from __future__ import annotations
@@ -42,10 +44,15 @@ def mean_us(fn: Callable[[], object], calls: int) -> float:
     return elapsed / calls / 1000
 
 
+def paired_excess(ours: list[float], theirs: list[float]) -> float:
+    """Median over rounds of one round's difference (ours minus theirs)."""
+    return statistics.median(x - y for x, y in zip(ours, theirs, strict=True))
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks dispatch", description=SUITE_HELP)
-    parser.add_argument("--calls", type=int, default=1000, help="calls per loop")
-    parser.add_argument("--loops", type=int, default=15, help="interleaved loops per contender")
+    parser.add_argument("--calls", type=int, default=200, help="calls per loop")
+    parser.add_argument("--loops", type=int, default=300, help="rounds of one loop per contender")
     parser.add_argument("--size", type=int, default=128, help="m = n = k")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -81,9 +88,11 @@ def main(argv: list[str] | None = None) -> Path:
     for fn in contenders.values():
         mean_us(fn, 200)  # warm-up: plans made, caches and the allocator primed
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.loops):
-        for name, fn in contenders.items():
-            samples[name].append(mean_us(fn, args.calls))
+    names = list(contenders)
+    for round_ in range(args.loops):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(mean_us(contenders[name], args.calls))
     median = {name: statistics.median(values) for name, values in samples.items()}
     rows = [
         {"what": name, "us": round(us, 3), "runs": args.loops * args.calls}
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> Path:
         rows.append(
             {
                 "what": what,
-                "us": round(median[name] - median[torch_name], 3),
+                "us": round(paired_excess(samples[name], samples[torch_name]), 3),
                 "ours_us": round(median[name], 3),
                 "torch_mm_us": round(median[torch_name], 3),
                 "config": config,
@@ -108,9 +117,10 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"{row['what']:>18}: {row['us']:7.3f} us")
     method = (
         f"host wall time per call, {size}^3 bf16 torch.randn, same tensors for all: loops of "
-        f"{args.calls} back-to-back calls, {args.loops} loops per contender interleaved, median "
-        "of the loops' mean time per call; dispatch_* = tuned_gemm minus torch.mm on the same "
-        "tensors (dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128)"
+        f"{args.calls} back-to-back calls, {args.loops} rounds of one loop per contender in a "
+        "rotating order; us: median of the loops' mean time per call; dispatch_*: median over "
+        "rounds of tuned_gemm's loop minus torch.mm's loop of the same round, same tensors "
+        "(dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128)"
     )
     return write_results("overhead", method, rows, args.out_dir)
 
