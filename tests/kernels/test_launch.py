@@ -22,3 +22,14 @@ def test_stream_k_needs_workspace_for_its_region_only():
     need = workspace_need(config, 1024, 4352, 4096, 1, 132)
     assert need.counters == 272 - 2 * 132
     assert need.partials == (32 + 8 - 1) * 128 * 128
+
+
+def test_a_2cta_split_k_counts_mma_tiles_and_each_cta_holds_half_a_tile():
+    config = GemmConfig(
+        arch="sm_100", tile_m=256, tile_n=128, cluster_m=4, two_cta=True,
+        decomposition="split_k", splits=4,
+    )  # fmt: skip
+    # 1024 x 512: 4 x 4 MMA tiles of 256 x 128; a cluster of 4 CTAs is 2 MMA tiles along M, so
+    # 2 x 4 = 8 units of 4 CTAs, each CTA 128 x 128 of a tile's output
+    need = workspace_need(config, 1024, 512, 32768, 1, 37)
+    assert need == WorkspaceNeed(8 * 4 * 4 * 128 * 128, 8 * 4)

@@ -38,6 +38,15 @@ def test_tile_grid_counts_ragged_edges():
     assert g.grid_clusters(47) == 32  # three rounds
 
 
+def test_a_2cta_grid_counts_mma_tiles_and_clusters_of_them():
+    from gemmtune.core.config import GemmConfig
+
+    config = GemmConfig(arch="sm_100", tile_m=256, tile_n=128, cluster_m=4, two_cta=True)
+    g = TileGrid.of(config, 1001, 512, 1)
+    assert (g.tiles_m, g.tiles_n) == (4, 4)  # 256-row MMA tiles, each on a CTA pair
+    assert (g.cluster_m, g.clusters_m) == (2, 2)  # a 4-CTA cluster holds 2 MMA tiles along M
+
+
 @given(units=st.integers(1, 5000), resident=st.integers(1, 200))
 def test_data_parallel_grid_keeps_the_rounds_and_balances_them(units, resident):
     g = TileGrid(m=units * 64, n=64, l=1, tile_m=64, tile_n=64)

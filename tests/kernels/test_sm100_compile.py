@@ -1,8 +1,9 @@
 """Compile-only lane for the Blackwell kernel (no B200 needed): every config the kernel
 implements compiles for sm_100a with tcgen05 MMAs in its PTX and SASS (UTC*MMA, 2-CTA forms
 included), tensor-memory loads in its epilogue (LDTM), TMA stores exactly where `tma_store`,
-and no local memory; every dtype, layout and rank compiles too. Building a kernel also checks
-`rules.smem_plan` and `rules.tmem_plan` against the DSL's layouts."""
+and no local memory; each tile compiles split-K and stream-K too, and every dtype, layout and
+rank. Building a kernel also checks `rules.smem_plan` and `rules.tmem_plan` against the DSL's
+layouts."""
 
 import itertools
 
@@ -26,10 +27,26 @@ def pool():
 
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_tcgen05_without_spills(pool):
-    configs = rules.implemented_configs(tuple(Decomposition))
+    configs = rules.implemented_configs()
     assert len(configs) == 800
     reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
+    assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
+
+
+@needs_nvdisasm
+def test_every_tile_compiles_split_k_and_stream_k(pool):
+    """Each MMA tile (1-CTA and 2-CTA) with each decomposition that shares tiles, the cluster
+    shapes and epilogues taken in turn (the reduction's code depends on the tile)."""
+    configs = rules.implemented_configs((Decomposition.SPLIT_K, Decomposition.STREAM_K))
+    assert len(configs) == 1600
+    by_tile: dict = {}
+    for c in configs:
+        by_tile.setdefault((c.tile_m, c.tile_n, c.two_cta, c.decomposition), []).append(c)
+    chosen = [variants[i % len(variants)] for i, variants in enumerate(by_tile.values())]
+    assert {c.decomposition for c in chosen} == {Decomposition.SPLIT_K, Decomposition.STREAM_K}
+    assert {c.tma_store for c in chosen} == {True, False}
+    reports = _check(pool, [CompileJob(c, KernelSignature()) for c in chosen])
     assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
 
 
@@ -53,10 +70,16 @@ def test_every_signature_compiles(pool):
             arch="sm_100", tile_m=128, tile_n=64, cluster_m=2, two_cta=True, tma_store=False
         ),
         GemmConfig(arch="sm_100", tile_m=128, tile_n=32, cluster_m=4),
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=128, decomposition="stream_k"),
+        GemmConfig(
+            arch="sm_100",
+            tile_m=256,
+            tile_n=64,
+            cluster_m=2,
+            two_cta=True,
+            tma_store=False,
+            decomposition="split_k",
+            splits=3,
+        ),
     ]
     _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(signatures)])
-
-
-def test_split_k_and_stream_k_are_hoppers_only():
-    config = GemmConfig(arch="sm_100", decomposition="stream_k")
-    assert "data-parallel" in rules.implements(config)

@@ -1,6 +1,7 @@
 """The Blackwell kernel on a B200 (skipped on other GPUs): tiles on one CTA and on a pair,
 clusters, both epilogues, all four layouts, every output dtype and major, ragged, tiny and
-batched shapes, swapped operands, against a float32 reference, outputs poisoned with NaN."""
+batched shapes, swapped operands, split-K and stream-K, against a float32 reference, outputs
+poisoned with NaN, a shared tile's reduction bitwise repeatable."""
 
 import pytest
 import torch
@@ -27,6 +28,15 @@ sm100_256x256_c2x1_2cta_coop_tma_dp | 4096x4096x4096x1 | tn | bf16 bf16 | n
 sm100_256x128_c2x2_2cta_coop_st_dp  | 1000x1528x2056x2 | nn | bf16 fp32 | m
 sm100_128x64_c4x1_2cta_coop_tma_dp  |         1x8x64x1 | tn | bf16 bf16 | n
 sm100_128x32_c2x1_2cta_swap_coop_tma_dp | 16x4096x4096x1 | tt | bf16 bf16 | n
+sm100_128x128_c1x1_coop_tma_sk4     |  520x512x32768x1 | tn | bf16 bf16 | n
+sm100_64x128_c1x2_coop_st_sk16      |  256x1024x8200x1 | nt | fp16 fp16 | m
+sm100_256x128_c2x1_2cta_coop_tma_sk3 | 1001x1528x2056x2 | tt | bf16 fp32 | n
+sm100_256x64_c2x2_2cta_coop_st_sk5  |  1000x1000x3000x2 | nn | bf16 fp32 | m
+sm100_128x128_c1x1_coop_tma_streamk | 1024x4352x4096x1 | tn | bf16 bf16 | n
+sm100_128x256_c1x2_coop_st_streamk  |  1000x1528x2056x2 | nt | bf16 fp32 | m
+sm100_256x128_c2x1_2cta_coop_tma_streamk | 2999x4104x1000x1 | tn | fp16 fp16 | n
+sm100_256x256_c4x1_2cta_coop_st_streamk | 264x392x200x3 | nn | fp16 fp16 | m
+sm100_128x64_c2x1_2cta_swap_coop_tma_streamk | 16x4096x4096x1 | tt | bf16 bf16 | n
 """
 CASE_LINES = CASES.strip().splitlines()
 

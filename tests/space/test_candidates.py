@@ -53,7 +53,8 @@ def test_unserved_problems_have_no_candidates():
 
 def test_sm100_space_is_enumerable_on_the_cpu():
     configs = sm100.implemented_configs(tuple(Decomposition))
-    assert len(configs) == 800  # data-parallel: split-K and stream-K are Hopper's
+    assert len(configs) == 3 * 800  # each binary data-parallel, split-K and stream-K
+    assert {c.decomposition for c in configs} == set(Decomposition)
     assert {c.tile_m for c in configs if not c.two_cta} == {64, 128}
     assert {c.tile_m for c in configs if c.two_cta} == {128, 256}
     assert {c.tile_n for c in configs} == set(range(32, 257, 32))

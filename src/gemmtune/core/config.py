@@ -155,6 +155,12 @@ class GemmConfig:
     # -- names -------------------------------------------------------------------------------
 
     @property
+    def cta_group(self) -> int:
+        """CTAs that compute one MMA tile together: 2 with 2-CTA instructions, else 1. Each
+        holds `tile_m // cta_group` rows of the tile's output."""
+        return 2 if self.two_cta else 1
+
+    @property
     def compile_key(self) -> str:
         """Names the binary: every compile-time field, no runtime field."""
         parts = [

@@ -42,10 +42,9 @@ def workspace_need(
         max_active_clusters,
         splits=config.splits,
     )
-    ctas = config.cluster_m * config.cluster_n
-    return WorkspaceNeed(
-        schedule.partial_slots * ctas * config.tile_m * config.tile_n, schedule.counters * ctas
-    )
+    ctas = config.cluster_m * config.cluster_n  # slots and counters are per CTA
+    cta_tile = config.tile_m // config.cta_group * config.tile_n
+    return WorkspaceNeed(schedule.partial_slots * ctas * cta_tile, schedule.counters * ctas)
 
 
 @dataclass

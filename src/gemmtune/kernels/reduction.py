@@ -14,6 +14,10 @@ launches) with release semantics: `publish_partial`. Then either
 Counters end at 0, so the next launch needs no memset; the order of the additions is fixed, so
 the result never depends on timing.
 
+A kernel that holds its accumulators in tensor memory reads them a sub-tile at a time, so it
+publishes, and adds, by parts: `store_partial` then `signal_arrival`; `await_partials` then
+`add_partials`.
+
 Partial tiles are stored in the accumulators' register order, interleaved by thread
 (float4 v of thread t at ((v * threads) + t) * 4), so each store and load is 16 bytes per
 thread and coalesced across the warp.
@@ -86,17 +90,33 @@ def _partial_load_atom() -> cute.CopyAtom:
     )
 
 
+def _vectors(partial: cute.Tensor, first: int, count: int, threads: int) -> cute.Tensor:
+    """Vectors [first, first + count) of one thread's partial sums (`partial`, shaped
+    (4, values / 4)), as a (4, count) tensor."""
+    return cute.make_tensor(
+        partial.iterator + first * 4 * threads,
+        cute.make_layout((4, count), stride=(1, 4 * threads)),
+    )
+
+
 @cute.jit
-def publish_partial(accumulators: cute.Tensor, tile: SharedTile, slot: Int32):
-    """Write this item's partial sums to `slot` and count it in at the tile's counter."""
-    values = cute.size(accumulators)
-    acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, values // 4)))
+def store_partial(values: cute.Tensor, tile: SharedTile, slot: Int32, first: int, total: int):
+    """Write `values` (registers) as floats [first, first + size) of this thread's `total`
+    partial sums of the tile in `slot`. A kernel that holds its accumulators a part at a time
+    (in tensor memory) publishes them part by part, then calls `signal_arrival`."""
+    count = cute.size(values)
+    regs = cute.make_tensor(values.iterator, cute.make_layout((4, count // 4)))
     store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), cutlass.Float32, num_bits_per_copy=128)
-    partials = _partials(tile.workspace, values, tile.threads)
-    cute.copy(store, acc, partials[((None, None, tile.thread), slot)])
+    partial = _partials(tile.workspace, total, tile.threads)[((None, None, tile.thread), slot)]
+    cute.copy(store, regs, _vectors(partial, first // 4, count // 4, tile.threads))
+
+
+@cute.jit
+def signal_arrival(tile: SharedTile):
+    """Count this item in at the tile's counter, once the group's partials are written."""
     tile.barrier.arrive_and_wait()
     if tile.thread == 0:
-        # release the group's partials (ordered before us by the barrier) to the owner; a
+        # release the group's partials (ordered before us by the barrier) to the readers; a
         # reduction, not an atomic, so the warp does not wait for the old value to come back
         cute.arch.fence_acq_rel_gpu()
         cute.arch.red(
@@ -110,34 +130,49 @@ def publish_partial(accumulators: cute.Tensor, tile: SharedTile, slot: Int32):
 
 
 @cute.jit
-def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
-    """Wait for the tile's other `segments - 1` items, then add their partials to the
-    accumulators, in segment order, skipping our own segment."""
+def publish_partial(accumulators: cute.Tensor, tile: SharedTile, slot: Int32):
+    """Write this item's partial sums to `slot` and count it in at the tile's counter."""
     values = cute.size(accumulators)
+    store_partial(accumulators, tile, slot, 0, values)
+    signal_arrival(tile)
+
+
+@cute.jit
+def await_partials(tile: SharedTile):
+    """The owner's wait for the tile's other `segments - 1` items; it resets the counter."""
     _await_arrivals(tile, tile.segments - 1)
     if tile.thread == 0:
         cute.arch.store(tile.counters.iterator + tile.counter, Int32(0), sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def add_partials(values: cute.Tensor, tile: SharedTile, first: int, total: int):
+    """Add to `values` (registers: floats [first, first + size) of this thread's `total`) the
+    same floats of the other segments' partials, in segment order, skipping our own. Only
+    after `await_partials`."""
+    count = cute.size(values)
     load = _partial_load_atom()
-    partials = _partials(tile.workspace, values, tile.threads)
-    chunk = math.gcd(values, MAX_CHUNK)
+    partials = _partials(tile.workspace, total, tile.threads)
+    chunk = math.gcd(count, MAX_CHUNK)
     vectors = chunk // 4
     partial = cute.make_rmem_tensor((4, vectors), cutlass.Float32)
-    for c in cutlass.range_constexpr(values // chunk):
-        sum_view = cute.make_tensor(
-            accumulators.iterator + c * chunk, cute.make_layout((4, vectors))
-        )
+    for c in cutlass.range_constexpr(count // chunk):
+        sum_view = cute.make_tensor(values.iterator + c * chunk, cute.make_layout((4, vectors)))
         for other in range(tile.segments):
             if other != tile.segment:
                 source = partials[((None, None, tile.thread), tile.slot(other))]
                 cute.copy(
-                    load,
-                    cute.make_tensor(
-                        source.iterator + c * vectors * 4 * tile.threads,
-                        cute.make_layout((4, vectors), stride=(1, 4 * tile.threads)),
-                    ),
-                    partial,
+                    load, _vectors(source, (first + c * chunk) // 4, vectors, tile.threads), partial
                 )
                 sum_view.store(sum_view.load() + partial.load())
+
+
+@cute.jit
+def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
+    """Wait for the tile's other `segments - 1` items, then add their partials to the
+    accumulators, in segment order, skipping our own segment."""
+    await_partials(tile)
+    add_partials(accumulators, tile, 0, cute.size(accumulators))
 
 
 #: blocks of four floats a thread sums at a time in `reduce_share`
@@ -146,7 +181,7 @@ SHARE_GROUP = 4
 
 @cute.jit
 def reduce_share(
-    accumulators: cute.Tensor,
+    values: cutlass.Constexpr,
     tile: SharedTile,
     tCgC: cute.Tensor,
     tCcC: cute.Tensor,
@@ -154,12 +189,11 @@ def reduce_share(
     out_dtype: cutlass.Constexpr,
 ):
     """Wait until all `segments` partials of the tile are published, then write this segment's
-    share of the tile: the accumulator blocks (four registers each) `balanced_range(segment)`
-    of every thread's, summed over the partials in segment order. A thread sums the blocks of
-    its own register positions, so its loads are coalesced with its neighbours' and `tCgC` /
-    `tCcC` (its partition of the output tile and of the tile's coordinates) say where each
-    value goes. The last segment to leave resets the counter."""
-    values = cute.size(accumulators)
+    share of the tile: of each thread's `values` partial sums, the blocks of four
+    `balanced_range(segment)`, summed over the partials in segment order. A thread sums the
+    blocks of its own positions, so its loads are coalesced with its neighbours' and `tCgC` /
+    `tCcC` (its partition of the output tile and of the tile's coordinates, indexed by
+    position) say where each value goes. The last segment to leave resets the counter."""
     blocks = values // 4
     _await_arrivals(tile, tile.segments)
     load = _partial_load_atom()

@@ -47,10 +47,12 @@ class TileGrid:
     @classmethod
     def of(cls, config: GemmConfig, m: int, n: int, l: int) -> TileGrid:
         """How `config`'s kernel cuts an (m, n, l) output: for a `swap_ab` config, the
-        transposed output (n, m, l), which its kernel computes."""
+        transposed output (n, m, l), which its kernel computes. Tiles are MMA tiles, so a
+        2-CTA config's cluster holds `cluster_m / 2` of them along M."""
         if config.swap_ab:
             m, n = n, m
-        return cls(m, n, l, config.tile_m, config.tile_n, config.cluster_m, config.cluster_n)
+        cluster_m = config.cluster_m // config.cta_group
+        return cls(m, n, l, config.tile_m, config.tile_n, cluster_m, config.cluster_n)
 
     @property
     def tiles_m(self) -> int:

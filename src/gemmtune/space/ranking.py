@@ -179,6 +179,7 @@ class RankingModel:
             - narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
         )
         ctas = config.cluster_m * config.cluster_n
+        cta_tile = config.tile_m // config.cta_group * config.tile_n  # outputs one CTA holds
         resident = self.device.resident_clusters(ctas)
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
         k_tiles = ceil_div(problem.k, TILE_K)
@@ -197,7 +198,7 @@ class RankingModel:
             wait = calibration.get("split_k_wait_us", 0.0)
             reduction = waves * (wait + publish + gather) if splits > 1 else 0.0
             compute = waves * (a * ceil_div(k_tiles, splits) + c)
-            partial_bytes = 8 * units * splits * ctas * config.tile_m * config.tile_n
+            partial_bytes = 8 * units * splits * ctas * cta_tile
         else:
             schedule = make_schedule("stream_k", grid, k_tiles, resident)
             dp_waves = schedule.dp_units // resident
@@ -208,7 +209,7 @@ class RankingModel:
             sk_items = min(spans, 2 if schedule.sk_units else 0)
             compute = dp_waves * (a * k_tiles + c) + a * iterations + c * sk_items
             reduction = shared * sk_items
-            partial_bytes = 8 * schedule.partial_slots * ctas * config.tile_m * config.tile_n
+            partial_bytes = 8 * schedule.partial_slots * ctas * cta_tile
         out_bytes = problem.m * problem.n * problem.l * problem.out_dtype.itemsize
         # an operand that several cluster rows (columns) read is partly fetched again from
         # HBM; one that a single cluster row reads (e.g. B when the cluster spans all of M) is

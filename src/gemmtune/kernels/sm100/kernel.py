@@ -1,15 +1,18 @@
-"""The Blackwell persistent warp-specialized GEMM (data-parallel): tcgen05 MMA into tensor memory.
+"""The Blackwell persistent warp-specialized GEMM: tcgen05 MMA into tensor memory.
 
 One CTA = four epilogue warps (0-3: tensor memory -> registers -> global memory, through shared
-memory and a TMA store or directly), one MMA warp (4) and one TMA producer warp (5). With 2-CTA
+memory and a TMA store or directly: `sm100/epilogue.py`), one MMA warp (4) and one TMA producer
+warp (5). With 2-CTA
 instructions (`two_cta`) a CTA pair computes one MMA tile: each CTA loads its share of A and B
 (`rules.cta_share`), the pair's even CTA issues the MMAs, and each CTA's tensor memory holds its
 own rows' accumulators. Two accumulator buffers (`rules.tmem_plan`) let the MMA warp fill one
 tile's while the epilogue drains the last one's.
 
-Tiles come from our scheduler (`kernels/scheduler.py`), counted in MMA tiles: with 2-CTA
-instructions its cluster is (cluster_m / 2) x cluster_n MMA tiles. Tensors are viewed as
-the Hopper kernel views them (`kernels/operands.py`).
+Work comes from our scheduler (`kernels/scheduler.py`), counted in MMA tiles (with 2-CTA
+instructions its cluster is (cluster_m / 2) x cluster_n MMA tiles): data-parallel, split-K and
+stream-K as on Hopper, each item a range of k-tiles of one tile; the items that share a tile sum
+their partials through the workspace (`kernels/reduction.py`), each CTA of a pair its own rows.
+Tensors are viewed as the Hopper kernel views them (`kernels/operands.py`).
 """
 
 import cuda.bindings.driver as cuda
@@ -20,13 +23,14 @@ import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
-from cutlass.utils.gemm.sm100 import epilogue, epilogue_tma_store
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
 from gemmtune.kernels.operands import DSL_DTYPES, kernel_view, operand_layouts
+from gemmtune.kernels.reduction import SharedTile, await_partials, reduce_share
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm100 import rules
+from gemmtune.kernels.sm100.epilogue import TmemEpilogue
 
 EPILOGUE_WARPS = (0, 1, 2, 3)
 MMA_WARP = 4
@@ -41,8 +45,8 @@ TMEM_DEALLOC_BARRIER = 3
 class BlackwellGemm:
     """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`).
 
-    The DSL's epilogues (`cutlass.utils.gemm.sm100`) read the attributes named in `__init__`'s
-    second block off this object."""
+    The DSL's epilogue helpers (`cutlass.utils.gemm.sm100`) read the attributes named in
+    `__init__`'s second block off this object."""
 
     def __init__(
         self, config: GemmConfig, signature: KernelSignature, *, dependent_launch: bool = True
@@ -50,13 +54,14 @@ class BlackwellGemm:
         why = rules.implements(config)
         if why:
             raise ValueError(f"{config.key}: {why}")
-        if config.decomposition is not Decomposition.DATA_PARALLEL:
-            raise ValueError(f"{config.key}: the Blackwell kernel is data-parallel only")
         self.config = config
         self.signature = signature
         self.dependent_launch = dependent_launch
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
-        self.group = 2 if config.two_cta else 1
+        self.group = config.cta_group
+        self.shares_tiles = config.decomposition is not Decomposition.DATA_PARALLEL
+        # split-K reduces scattered (every split writes a share), stream-K through an owner
+        self.scatters = config.decomposition is Decomposition.SPLIT_K
         self.mma_tiler_mn = (config.tile_m, config.tile_n)
         self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
         self.a_major, self.b_major, self.c_layout = operand_layouts(signature)
@@ -181,6 +186,8 @@ class BlackwellGemm:
             tma_atom_c,
             store_target,
             mC,
+            workspace,
+            counters,
             cluster_layout_vmnk,
             a_smem,
             b_smem,
@@ -192,6 +199,8 @@ class BlackwellGemm:
             scheduler.work_units,
             scheduler.k_tiles,
             scheduler.grid_clusters,
+            scheduler.splits,
+            scheduler.dp_units,
             along_n,
             swizzle,
         ).launch(
@@ -214,6 +223,8 @@ class BlackwellGemm:
         tma_atom_c,
         store_target: cute.Tensor,
         mC: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
         cluster_layout_vmnk: cute.Layout,
         a_smem: cute.ComposedLayout,
         b_smem: cute.ComposedLayout,
@@ -225,6 +236,8 @@ class BlackwellGemm:
         work_units: Int32,
         k_tiles: Int32,
         grid_clusters: Int32,
+        splits: Int32,
+        dp_units: Int32,
         along_n: Int32,
         swizzle: Int32,
     ):
@@ -299,17 +312,15 @@ class BlackwellGemm:
         gA = cute.local_tile(mA, cute.slice_(mma_tiler, (None, 0, None)), (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(mma_tiler, (0, None, None)), (None, None, None))
         tile_mn = cute.slice_(mma_tiler, (None, None, 0))
-        gC = cute.local_tile(store_target, tile_mn, (None, None, None))
         thr_mma = tiled_mma.get_slice(peer)
         tCgA = thr_mma.partition_A(gA)
         tCgB = thr_mma.partition_B(gB)
-        tCgC = thr_mma.partition_C(gC)
-        # (m, n) coordinates of the output, for the direct store's bounds
-        cC = cute.local_tile(
-            cute.make_identity_tensor(mC.shape), cute.slice_(mma_tiler, (None, None, 0)),
-            (None, None, None),
-        )  # fmt: skip
+        # the output in memory, its (m, n) coordinates, and its tiles as the TMA store
+        # addresses them
+        tCgC = thr_mma.partition_C(cute.local_tile(mC, tile_mn, (None, None, None)))
+        cC = cute.local_tile(cute.make_identity_tensor(mC.shape), tile_mn, (None, None, None))
         tCcC = thr_mma.partition_C(cC)
+        tCgC_tma = thr_mma.partition_C(cute.local_tile(store_target, tile_mn, (None, None, None)))
         tAsA, tAgA = cpasync.tma_partition(
             tma_atom_a,
             coord_vmnk[2],
@@ -337,8 +348,8 @@ class BlackwellGemm:
             work_units,
             k_tiles,
             grid_clusters,
-            Int32(1),
-            work_units,
+            splits,
+            dp_units,
             along_n,
             swizzle,
         )
@@ -350,30 +361,31 @@ class BlackwellGemm:
                 cute.arch.griddepcontrol_wait()
             position = scheduler.first_position(cluster)
             while scheduler.valid(position, cluster):
-                unit, *_, next_position = scheduler.item(position, cluster)
+                unit, k_begin, k_end, *_, next_position = scheduler.item(position, cluster)
                 tile_m, tile_n, batch = scheduler.tile_of_unit(unit, mma_in_cluster)
                 tAgA_tile = tAgA[(None, tile_m, None, batch)]
                 tBgB_tile = tBgB[(None, tile_n, None, batch)]
+                k_count = k_end - k_begin
                 ab_producer.reset()
                 empty = ab_producer.try_acquire()
-                for _ in cutlass.range(0, k_tiles, 1, unroll=1):
+                for _ in cutlass.range(0, k_count, 1, unroll=1):
                     handle = ab_producer.acquire_and_advance(empty)
                     cute.copy(
                         tma_atom_a,
-                        tAgA_tile[(None, handle.count)],
+                        tAgA_tile[(None, k_begin + handle.count)],
                         tAsA[(None, handle.index)],
                         tma_bar_ptr=handle.barrier,
                         mcast_mask=a_mask,
                     )
                     cute.copy(
                         tma_atom_b,
-                        tBgB_tile[(None, handle.count)],
+                        tBgB_tile[(None, k_begin + handle.count)],
                         tBsB[(None, handle.index)],
                         tma_bar_ptr=handle.barrier,
                         mcast_mask=b_mask,
                     )
                     empty = cutlass.Boolean(True)
-                    if handle.count + 1 < k_tiles:
+                    if handle.count + 1 < k_count:
                         empty = ab_producer.try_acquire()
                 position = next_position
             ab_producer.tail()
@@ -386,7 +398,8 @@ class BlackwellGemm:
             )
             position = scheduler.first_position(cluster)
             while scheduler.valid(position, cluster):
-                *_, next_position = scheduler.item(position, cluster)
+                _, k_begin, k_end, *_, next_position = scheduler.item(position, cluster)
+                k_count = k_end - k_begin
                 tile_acc = accumulators[(None, None, None, acc_state.index)]
                 ab_consumer.reset()
                 full = cutlass.Boolean(True)
@@ -394,7 +407,7 @@ class BlackwellGemm:
                     full = ab_consumer.try_wait()
                     acc_pipeline.producer_acquire(acc_state)
                 tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
-                for _ in range(k_tiles):
+                for _ in range(k_count):
                     if is_leader:
                         handle = ab_consumer.wait_and_advance(full)
                         for k_block in cutlass.range(cute.size(tCrA, mode=[2]), unroll_full=True):
@@ -403,7 +416,7 @@ class BlackwellGemm:
                             tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
                         handle.release()
                         full = cutlass.Boolean(True)
-                        if handle.count + 1 < k_tiles:
+                        if handle.count + 1 < k_count:
                             full = ab_consumer.try_wait()
                 if is_leader:
                     acc_pipeline.producer_commit(acc_state)
@@ -419,39 +432,137 @@ class BlackwellGemm:
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             accumulators = cute.make_tensor(tmem_ptr, tCtAcc_layout)
-            acc_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, self.num_acc_stage
+            self.epilogue_warps(
+                tidx,
+                warp_idx,
+                accumulators,
+                tCgC,
+                tCcC,
+                tCgC_tma,
+                sC,
+                tma_atom_c,
+                mC,
+                workspace,
+                counters,
+                epi_tile,
+                acc_pipeline,
+                scheduler,
+                cluster,
+                mma_in_cluster,
+                cta_rank,
             )
-            c_pipeline = None
-            if cutlass.const_expr(self.config.tma_store):
-                c_pipeline = pipeline.PipelineTmaStore.create(
-                    num_stages=self.num_c_stage,
-                    producer_group=pipeline.CooperativeGroup(
-                        pipeline.Agent.Thread, 32 * len(EPILOGUE_WARPS)
-                    ),
-                )
-            tiles_done = Int32(0)
-            position = scheduler.first_position(cluster)
-            while scheduler.valid(position, cluster):
-                unit, *_, next_position = scheduler.item(position, cluster)
-                tile_coord = scheduler.tile_of_unit(unit, mma_in_cluster)
-                tiles_done += 1
-                if cutlass.const_expr(self.config.tma_store):
-                    acc_state = epilogue_tma_store(
-                        self, tidx, warp_idx, tma_atom_c, accumulators, sC, tCgC, epi_tile,
-                        tiles_done, lambda x: x, tile_coord, acc_state, acc_pipeline, c_pipeline,
-                    )  # fmt: skip
-                else:
-                    acc_state = epilogue(
-                        self, tidx, accumulators, tCgC, epi_tile, lambda x: x, tile_coord,
-                        acc_state, acc_pipeline, tCcC, mC,
-                    )  # fmt: skip
-                position = next_position
-            if cutlass.const_expr(self.config.tma_store):
-                c_pipeline.producer_tail()
-            else:
-                pipeline.NamedBarrier(
-                    barrier_id=TMEM_DEALLOC_BARRIER, num_threads=32 * len(EPILOGUE_WARPS)
-                ).arrive_and_wait()
             tmem.relinquish_alloc_permit()
             tmem.free(tmem_ptr)
+
+    @cute.jit
+    def epilogue_warps(
+        self,
+        tidx: Int32,
+        warp_idx: Int32,
+        accumulators: cute.Tensor,
+        tCgC: cute.Tensor,
+        tCcC: cute.Tensor,
+        tCgC_tma: cute.Tensor,
+        sC,
+        tma_atom_c,
+        mC: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        epi_tile: cutlass.Constexpr,
+        acc_pipeline: pipeline.PipelineAsync,
+        scheduler: sched.TileScheduler,
+        cluster: Int32,
+        mma_in_cluster: tuple,
+        cta_rank: Int32,
+    ):
+        """Warps 0-3: every item's accumulators to the output, or to the workspace where the
+        item shares its tile and does not write it."""
+        threads = 32 * len(EPILOGUE_WARPS)
+        barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER, num_threads=threads)
+        epi = TmemEpilogue.create(
+            self, tidx, accumulators, tCgC, tCcC, epi_tile, barrier, tma_atom_c, tCgC_tma, sC
+        )
+        acc_state = pipeline.make_pipeline_state(
+            pipeline.PipelineUserType.Consumer, self.num_acc_stage
+        )
+        c_pipeline = None
+        if cutlass.const_expr(self.config.tma_store):
+            c_pipeline = pipeline.PipelineTmaStore.create(
+                num_stages=self.num_c_stage,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
+            )
+        extent_mn = (mC.shape[0], mC.shape[1])
+        tile_m, tile_n = self.mma_tiler_mn
+        ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
+        is_store_warp = warp_idx == EPILOGUE_WARPS[0]
+        tiles_stored = Int32(0)
+        position = scheduler.first_position(cluster)
+        while scheduler.valid(position, cluster):
+            (
+                unit,
+                _,
+                _,
+                segment,
+                segments,
+                partial_slot,
+                first_slot,
+                counter,
+                owner,
+                next_position,
+            ) = scheduler.item(position, cluster)
+            tile_coord = scheduler.tile_of_unit(unit, mma_in_cluster)
+            inside = cutlass.Boolean(False)
+            if (tile_coord[0] + 1) * tile_m <= extent_mn[0]:
+                inside = (tile_coord[1] + 1) * tile_n <= extent_mn[1]
+            acc_pipeline.consumer_wait(acc_state)
+            writes = cutlass.Boolean(True)
+            gather = cutlass.Boolean(False)
+            shared = None
+            if cutlass.const_expr(self.shares_tiles):
+                # slots and counters are per CTA of the cluster
+                shared = SharedTile(
+                    workspace,
+                    counters,
+                    first_slot * ctas + cta_rank,
+                    ctas,
+                    counter * ctas + cta_rank,
+                    segment,
+                    segments,
+                    tidx,
+                    threads,
+                    barrier,
+                )
+                publishes = segments > 1
+                if cutlass.const_expr(not self.scatters):
+                    if segment == owner:
+                        publishes = cutlass.Boolean(False)
+                if publishes:
+                    writes = cutlass.Boolean(False)
+                    epi.publish(acc_pipeline, acc_state, shared, partial_slot * ctas + cta_rank)
+                    if cutlass.const_expr(self.scatters):
+                        reduce_share(
+                            epi.tile_values,
+                            shared,
+                            epi.positions(epi.tTR_gC, tile_coord),
+                            epi.positions(epi.tTR_cC, tile_coord),
+                            extent_mn,
+                            self.c_dtype,
+                        )
+                else:
+                    gather = segments > 1
+                    if gather:
+                        await_partials(shared)
+            if writes:
+                epi.store_tile(
+                    acc_pipeline, acc_state, tile_coord, inside, extent_mn, gather, shared,
+                    tiles_stored * epi.subtiles, tma_atom_c, c_pipeline, is_store_warp,
+                )  # fmt: skip
+                tiles_stored += 1
+            acc_state.advance()
+            position = next_position
+        if cutlass.const_expr(self.config.tma_store):
+            c_pipeline.producer_tail()
+        else:
+            pipeline.NamedBarrier(
+                barrier_id=TMEM_DEALLOC_BARRIER, num_threads=threads
+            ).arrive_and_wait()

@@ -124,8 +124,6 @@ def implements(config: GemmConfig) -> str | None:
     """Why the Blackwell kernel cannot be built for `config`, or None when it can."""
     if config.arch != "sm_100":
         return f"the Blackwell kernel compiles for sm_100, not {config.arch}"
-    if config.decomposition is not Decomposition.DATA_PARALLEL:
-        return "the Blackwell kernel is data-parallel; split-K and stream-K are Hopper's"
     allowed = TILE_M_TWO_CTA if config.two_cta else TILE_M_ONE_CTA
     if config.tile_m not in allowed:
         return f"tile_m must be one of {allowed} {'with' if config.two_cta else 'without'} 2-CTA"

@@ -492,7 +492,7 @@ class HopperGemm:
                             final = False
                             tile = (None, None, tile_m_idx, tile_n_idx, batch)
                             reduce_share(
-                                accumulators,
+                                cute.size(accumulators),
                                 shared,
                                 thr_mma.partition_C(gC[tile]),
                                 thr_mma.partition_C(coords[tile]),
