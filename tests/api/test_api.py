@@ -246,7 +246,9 @@ def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
     a = buffer[:2048].view(64, 32)
     shifted = buffer[1:2049].view(64, 32)  # same shape and strides, 2 bytes further
     b = torch.randn(32, 48, dtype=torch.bfloat16)
-    plan = Plan(lambda *args: launches.append(args), (), TUNED, (64, 48), torch.bfloat16)
+    plan = Plan(
+        lambda *args: launches.append(args), (), TUNED, (64, 48), (48, 1), torch.bfloat16, a.device
+    )
     for x in (a, shifted):
         dispatcher.plans[plan_key(x, b, None, None, None)] = plan
     out = dispatcher(a, b)

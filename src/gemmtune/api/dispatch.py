@@ -21,6 +21,7 @@ production), "heuristic" (always the ranking model's first choice), "off" (torch
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,7 +53,9 @@ class Plan:
     args: tuple  # what follows (a, b, out): workspace, runtime arguments
     config: GemmConfig | None  # None: torch serves
     out_shape: tuple = ()
+    out_stride: tuple = ()  # contiguous: how `out` is allocated where the call gives none
     out_dtype: torch.dtype | None = None
+    device: torch.device | None = None
     workspace_stream: int | None = None  # the stream whose workspace `args` holds, if any
     reason: FallbackReason | str | None = None  # why torch serves
     torch_op: Callable = torch.matmul  # what serves a call without out/out_dtype where torch does
@@ -91,6 +94,9 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
     plans = dispatcher.plans
     new_plan = dispatcher.new_plan
     stream_args = dispatcher.stream_args
+    # the cheapest way torch offers from Python to allocate a tensor of a given shape, dtype
+    # and device: no TensorOptions merged with a's, as `a.new_empty` does
+    empty_strided = torch.empty_strided
 
     def tuned_gemm(
         a: torch.Tensor,
@@ -129,7 +135,9 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
         ):
             return fallback_matmul(a, b, out, out_dtype)
         if out is None:
-            out = a.new_empty(plan.out_shape, dtype=plan.out_dtype)
+            out = empty_strided(
+                plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
+            )
         elif out.get_device() != device or out.data_ptr() % ALIGNMENT_BYTES:
             return fallback_matmul(a, b, out, out_dtype)
         args = plan.args if plan.workspace_stream is None else stream_args(plan, a, b)
@@ -211,7 +219,10 @@ class Dispatcher:
         stream = None
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
-        return Plan(kernel.launcher, args, config, p.out_shape, p.out_dtype, stream)
+        stride = tuple(math.prod(p.out_shape[i + 1 :]) for i in range(len(p.out_shape)))
+        return Plan(
+            kernel.launcher, args, config, p.out_shape, stride, p.out_dtype, p.device, stream
+        )
 
     def _kernels(self, problem: GemmProblem):
         from gemmtune.cache.kernels import KernelCache

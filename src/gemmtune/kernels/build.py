@@ -41,8 +41,9 @@ class CompiledGemm:
     Called as `kernel(a, b, out, workspace, counters, *runtime_args(config, device))`: torch
     tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
     arguments (raster, swizzle, splits, grid limit) of any config that shares this binary.
-    `signature` is the problem's; a `swap_ab` binary is built for its transpose, and
-    `launcher`, what callers invoke, hands it (b^T, a^T, out^T).
+    `signature` is the problem's: a `swap_ab` binary computes the transposed product, but it is
+    called with the problem's own tensors and reads them transposed (`operands.kernel_operands`),
+    so `launcher`, what callers invoke, is the compiled function itself.
     """
 
     config: GemmConfig
@@ -55,13 +56,6 @@ class CompiledGemm:
 
     def __post_init__(self) -> None:
         self.launcher = self.function
-        if self.config.swap_ab:
-            function = self.function
-
-            def swapped(a, b, out, *args) -> None:
-                function(b.mT, a.mT, out.mT, *args)
-
-            self.launcher = swapped
 
     def __call__(
         self,
@@ -226,7 +220,7 @@ def compile_gemm(
     built_for = signature.swapped() if config.swap_ab else signature
     gemm_class = getattr(importlib.import_module(module), kernel_class)
     gemm = gemm_class(config, built_for, dependent_launch=dependent_launch)
-    fakes = fake_arguments(built_for)
+    fakes = fake_arguments(signature)  # what the launch passes: the problem's own tensors
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     with tempfile.TemporaryDirectory() as dump:
         options = " ".join(["--enable-tvm-ffi", *(f"--keep-{what}" for what in keep)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import tvm_ffi
 
 from gemmtune.core.config import GemmConfig
 from gemmtune.kernels.build import CompiledGemm, runtime_args
@@ -77,10 +78,12 @@ def launch_args(
     pool: WorkspacePool = WORKSPACES,
 ) -> tuple:
     """Everything a launch of `config`'s kernel passes after (a, b, out) for an (m, n, k, l)
-    problem: the workspace and the runtime arguments. Found once per problem by its callers."""
+    problem: the workspace and the runtime arguments. Found once per problem by its callers.
+    The workspace is handed over as TVM-FFI tensors (which keep the torch tensors alive): a
+    launch then skips converting two tensors, a measurable part of a small problem's call."""
     args = runtime_args(config, device.index or 0)
     partials, counters = pool.get(device, workspace_need(config, m, n, k, l, args[-1]))
-    return (partials, counters, *args)
+    return (tvm_ffi.from_dlpack(partials), tvm_ffi.from_dlpack(counters), *args)
 
 
 def launch(

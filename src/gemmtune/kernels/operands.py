@@ -29,6 +29,18 @@ def kernel_view(t: cute.Tensor, rows: int, cols: int) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
 
 
+def kernel_operands(
+    a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, swap_ab: bool
+) -> tuple[cute.Tensor, cute.Tensor, cute.Tensor]:
+    """The kernel's A (M, K, L), B (N, K, L) and C (M, N, L) views of the torch-ordered a, b and
+    c. A `swap_ab` kernel computes out^T = b^T @ a^T: its A is b^T, its B a^T and its C out^T,
+    which are b, a and out with their last two modes read the other way round. So a swapped
+    launch passes the problem's tensors as they are, and no transposed views are made per call."""
+    if swap_ab:
+        return kernel_view(b, 1, 0), kernel_view(a, 0, 1), kernel_view(c, 1, 0)
+    return kernel_view(a, 0, 1), kernel_view(b, 1, 0), kernel_view(c, 0, 1)
+
+
 def operand_layouts(signature: KernelSignature) -> tuple[LayoutEnum, LayoutEnum, LayoutEnum]:
     """The DSL's layouts of A (M, K), B (N, K) and C (M, N) as the kernels view them: row-major
     where K (for A and B) or N (for C) is contiguous."""

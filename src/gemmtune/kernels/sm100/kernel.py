@@ -26,7 +26,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.operands import DSL_DTYPES, kernel_view, operand_layouts
+from gemmtune.kernels.operands import DSL_DTYPES, kernel_operands, operand_layouts
 from gemmtune.kernels.reduction import SharedTile, await_partials, reduce_share
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm100 import rules
@@ -105,9 +105,7 @@ class BlackwellGemm:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
-        mA = kernel_view(a, 0, 1)  # (M, K, L)
-        mB = kernel_view(b, 1, 0)  # (N, K, L)
-        mC = kernel_view(c, 0, 1)  # (M, N, L)
+        mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
         tiled_mma = self._tiled_mma()
         mma_tiler = (*self.mma_tiler_mn, rules.TILE_K)
         cluster_layout_vmnk = cute.tiled_divide(
@@ -151,7 +149,11 @@ class BlackwellGemm:
                 f"rules.tmem_plan says {self.tmem_columns}"
             )
         load_bytes = stage_bytes * self.group
+        # A direct store takes the whole tile at once, but a shared tile's accumulators go a
+        # sub-tile at a time: a whole wide tile and the partials loaded beside it spill.
         epi_tile = self.cta_tile_shape_mnk[:2]
+        if cutlass.const_expr(self.shares_tiles):
+            epi_tile = (self.cta_tile_shape_mnk[0], rules.EPI_TILE_N)
         epi_smem = None
         tma_atom_c = None
         store_target = mC

@@ -23,7 +23,7 @@ from cutlass.memory import SmemAllocator
 
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.operands import DSL_DTYPES, kernel_view, operand_layouts
+from gemmtune.kernels.operands import DSL_DTYPES, kernel_operands, operand_layouts
 from gemmtune.kernels.reduction import (
     SharedTile,
     gather_partials,
@@ -101,9 +101,7 @@ class HopperGemm:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
-        mA = kernel_view(a, 0, 1)  # (M, K, L)
-        mB = kernel_view(b, 1, 0)  # (N, K, L)
-        mC = kernel_view(c, 0, 1)  # (M, N, L)
+        mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
         tiled_mma = self._tiled_mma()
         tile_m, tile_n, tile_k = self.tile_shape_mnk
         a_smem = sm90_utils.make_smem_layout_a(
