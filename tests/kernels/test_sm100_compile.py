@@ -1,9 +1,9 @@
 """Compile-only lane for the Blackwell kernel (no B200 needed): every config the kernel
-implements compiles for sm_100a with tcgen05 MMAs in its PTX and SASS (UTC*MMA, 2-CTA forms
-included), tensor-memory loads in its epilogue (LDTM), TMA stores exactly where `tma_store`,
-and no local memory; each tile compiles split-K and stream-K too, and every dtype, layout and
-rank. Building a kernel also checks `rules.smem_plan` and `rules.tmem_plan` against the DSL's
-layouts."""
+implements compiles for sm_100a with tcgen05 MMAs in its PTX and SASS (UTC*MMA; the 2-CTA form
+UTC*MMA.2CTA exactly where `two_cta`), tensor-memory loads in its epilogue (LDTM), TMA stores
+exactly where `tma_store`, and no local memory; each tile compiles split-K and stream-K too, and
+every dtype, layout and rank. Building a kernel also checks `rules.smem_plan` and
+`rules.tmem_plan` against the DSL's layouts."""
 
 import itertools
 

@@ -236,11 +236,13 @@ def compile_gemm(
 
 
 #: Per architecture: the PTX of its MMA, and its SASS (Hopper's HGMMA; Blackwell's tcgen05 MMA
-#: as UTCHMMA and kin, UTC*MMA for 2-CTA forms too).
+#: as UTCHMMA and kin, UTCHMMA.2CTA for the pair's `cta_group::2` form).
 MMA_INSTRUCTIONS = {
     "sm_90": ("wgmma.mma_async", r"\bHGMMA\b"),
     "sm_100": ("tcgen05.mma", r"\bUTC\w*MMA\w*\b"),
 }
+#: The SASS of a 2-CTA MMA (`cta_group::2`)
+TWO_CTA_MMA = r"\bUTC\w*MMA\w*\.2CTA\b"
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,8 @@ class BinaryReport:
     tma_stores: int  # UTMASTG: the epilogue's TMA stores
     tmem_loads: int  # LDTM: tensor memory to registers (Blackwell's epilogue)
     tma_store_expected: bool  # the config's `tma_store`
+    two_cta_mmas: int = 0  # MMAs of the 2-CTA form in SASS
+    two_cta_expected: bool = False  # the config's `two_cta`
 
     @property
     def ok(self) -> bool:
@@ -268,6 +272,7 @@ class BinaryReport:
             and self.local_memory_ops == 0
             and (self.tma_stores > 0) == self.tma_store_expected
             and (self.tmem_loads > 0 or self.arch != "sm_100")
+            and (self.two_cta_mmas > 0) == self.two_cta_expected
         )
 
 
@@ -288,4 +293,6 @@ def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport
         tma_stores=len(re.findall(r"\bUTMASTG\b", sass)),
         tmem_loads=len(re.findall(r"\bLDTM\b", sass)),
         tma_store_expected=config.tma_store,
+        two_cta_mmas=len(re.findall(TWO_CTA_MMA, sass)),
+        two_cta_expected=config.two_cta,
     )
