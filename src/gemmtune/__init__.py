@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _EXPORTS = {
     "tuned_gemm": "gemmtune.api.dispatch",
+    "int_mm": "gemmtune.api.dispatch",
     "plan": "gemmtune.api.dispatch",
     "pretune": "gemmtune.api.pretune",
     "autotune": "gemmtune.tuning.autotune",
@@ -37,6 +38,7 @@ __all__ = [
     "TunedLinear",
     "__version__",
     "autotune",
+    "int_mm",
     "plan",
     "pretune",
     "start_workers",
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gemmtune.api.dispatch import plan, tuned_gemm
+    from gemmtune.api.dispatch import int_mm, plan, tuned_gemm
     from gemmtune.api.pretune import pretune
     from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear
     from gemmtune.core.config import GemmConfig

@@ -74,6 +74,19 @@ def test_out_dtype_choice():
     assert p.out_dtype == torch.float16 and p.supported
 
 
+def test_int8_row_major_a_times_column_major_b_is_an_exact_int32_product():
+    i8 = torch.int8
+    p = problem(op((64, 128), dtype=i8), col((128, 32), dtype=i8))
+    assert p.supported and p.out_dtype == torch.int32 and p.layout == "tt"
+    # 8-bit MMAs read both operands K-major: a row-major b falls back (exactly, in int32)
+    p = problem(op((64, 128), dtype=i8), op((128, 32), dtype=i8))
+    assert codes(p) == ["layout"] and p.out_dtype == torch.int32
+    with pytest.raises(TypeError, match="int32 for int8 inputs"):
+        problem(op((64, 128), dtype=i8), col((128, 32), dtype=i8), out_dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
+        problem(op((64, 128)), op((128, 32)), out_dtype=torch.int32)
+
+
 def test_tiny_m1_vector_is_supported():
     p = problem(op((1, 64)), op((64, 8)))
     assert p.a_major == "k" and p.supported
@@ -93,7 +106,8 @@ def test_tiny_m1_vector_is_supported():
         (op((2, 2, 4, 8)), op((8, 8)), ValueError, "a must be 2-D or 3-D"),
         (op((4, 8)), op((8,)), ValueError, "b must be 2-D or 3-D"),
         (op((4, 8), dtype=torch.int32), op((8, 8)), TypeError, "a has dtype torch.int32"),
-        (op((4, 8)), op((8, 8), dtype=torch.int8), TypeError, "b has dtype torch.int8"),
+        (op((4, 8)), op((8, 8), dtype=torch.uint8), TypeError, "b has dtype torch.uint8"),
+        (op((4, 8)), op((8, 8), dtype=torch.int8), TypeError, "must match"),
         (op((4, 8), dtype=torch.float16), op((8, 8)), TypeError, "must match"),
         (op((4, 8), dtype=torch.bool), op((8, 8)), TypeError, "a has dtype torch.bool"),
     ],

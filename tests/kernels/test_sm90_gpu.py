@@ -1,6 +1,6 @@
 """The Hopper kernel on the GPU: every tile, cluster, schedule and epilogue, all four layouts,
 every output dtype and major, ragged, tiny and batched shapes, swapped operands (out^T =
-b^T @ a^T), against a float32 reference."""
+b^T @ a^T), against a float32 reference; int8 bit for bit against the exact int32 product."""
 
 import pytest
 import torch
@@ -9,7 +9,8 @@ from gemmtune.core.config import GemmConfig
 from gemmtune.core.device import Arch, arch_of
 from gemmtune.core.dtypes import torch_dtype
 from gemmtune.core.problem import GemmProblem
-from gemmtune.measure.verify import relative_error, tolerance
+from gemmtune.measure.runner import random_tensor, reference_product
+from gemmtune.measure.verify import poison, relative_error, tolerance
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,27 +24,28 @@ pytestmark = [
 
 def operands(m, n, k, l, layout, ab, out_dtype, out_major, seed):
     """Random a (l?, m, k), b (l?, k, n) with majors from `layout` ("tn": A K-major, B N-major),
-    and an output poisoned with NaN."""
+    and a poisoned output (NaN, or int32's least value)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dt = torch_dtype(ab)
     lead = (l,) if l > 1 else ()
 
     def rand(rows, cols, transposed):
         shape = (*lead, cols, rows) if transposed else (*lead, rows, cols)
-        t = torch.randn(shape, device="cuda", dtype=dt, generator=gen)
+        t = random_tensor(shape, dt, "cuda", gen)
         return t.transpose(-1, -2) if transposed else t
 
     a = rand(m, k, layout[0] == "n")  # "n": A is M-major
     b = rand(k, n, layout[1] == "t")  # "t": B is K-major
     out_shape = (*lead, n, m) if out_major == "m" else (*lead, m, n)
-    out = torch.full(out_shape, float("nan"), device="cuda", dtype=torch_dtype(out_dtype))
+    out = torch.empty(out_shape, device="cuda", dtype=torch_dtype(out_dtype))
+    poison(out)
     if out_major == "m":
         out = out.transpose(-1, -2)
     return a, b, out
 
 
 def rel_err(out, a, b):
-    return relative_error(out, torch.matmul(a.float(), b.float()))
+    return relative_error(out, reference_product(a, b))
 
 
 def tolerance_of(name: str) -> float:
@@ -53,6 +55,12 @@ def tolerance_of(name: str) -> float:
 # config key (raster/swizzle left out) | m x n x k x l | layout | ab -> out dtype | out major
 CASES = """
 sm90_128x256_c2x1_coop_tma_dp | 1001x1528x2056x1 | tn | bf16 fp32 | n
+sm90_128x256_c2x1_coop_tma_dp | 1001x1528x2064x1 | tt | int8 int32 | n
+sm90_128x128_c1x1_pp_st_dp    |   264x392x208x1 | tt | int8 int32 | m
+sm90_64x256_c1x2_pp_tma_dp    | 4096x4096x4096x1 | tt | int8 int32 | n
+sm90_256x128_c1x1_coop_st_dp  |  1000x1528x2064x2 | tt | int8 int32 | n
+sm90_128x32_c1x1_swap_pp_tma_dp |  16x4096x4096x1 | tt | int8 int32 | n
+sm90_64x16_c2x1_swap_pp_tma_dp  |   1x8192x1024x1 | tt | int8 int32 | n
 sm90_128x256_c1x1_coop_tma_dp | 2999x4104x1000x1 | tn | fp16 fp16 | n
 sm90_256x128_c1x2_coop_tma_dp | 3000x4104x1000x1 | nt | bf16 bf16 | n
 sm90_256x192_c2x2_coop_tma_dp | 1000x1528x2056x1 | nn | bf16 fp32 | n

@@ -32,7 +32,7 @@ import tvm_ffi  # noqa: F401  our kernels' launch runtime: loaded with gemmtune,
 from gemmtune.api.choice import ConfigChooser
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
-from gemmtune.core.problem import FallbackReason, GemmProblem, fallback_matmul
+from gemmtune.core.problem import FallbackReason, GemmProblem, fallback_matmul, integer_matmul
 from gemmtune.core.settings import MODE_ENV, MODES
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,10 @@ def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None)
 
 def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
     """The narrowest torch function that computes `a @ b` for these ranks: torch.mm and
-    torch.bmm skip torch.matmul's broadcasting logic, a measurable part of a small call."""
+    torch.bmm skip torch.matmul's broadcasting logic, a measurable part of a small call. int8
+    goes to `integer_matmul` (torch._int_mm where it can)."""
+    if a.dtype == torch.int8:
+        return integer_matmul
     if a.dim() == b.dim() == 2:
         return torch.mm
     if a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]:
@@ -253,6 +256,27 @@ class Dispatcher:
 
 DISPATCHER = Dispatcher()
 tuned_gemm = DISPATCHER.gemm
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch._int_mm(a, b)`: the exact int32 product of an (m, k) and a (k, n) int8 matrix, by
+    our kernels where they serve it (a row-major, b column-major: `x @ w.t()` of a row-major
+    weight), else by torch. A call torch._int_mm refuses (not 2-D int8 CUDA matrices, m of 16
+    or less, k or n not a multiple of 8, mismatched k) goes to it, to fail as it fails."""
+    if not (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dtype == b.dtype == torch.int8
+        and a.dim() == b.dim() == 2
+        and a.is_cuda
+        and b.is_cuda
+        and a.shape[0] > 16
+        and a.shape[1] == b.shape[0]
+        and a.shape[1] % 8 == 0
+        and b.shape[1] % 8 == 0
+    ):
+        return torch._int_mm(a, b)
+    return tuned_gemm(a, b)
 
 
 def plan(

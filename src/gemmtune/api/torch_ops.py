@@ -1,4 +1,5 @@
-"""tuned_gemm inside torch: the custom op `gemmtune::mm`, and linear layers that use it.
+"""tuned_gemm inside torch: the custom ops `gemmtune::mm` and `gemmtune::int_mm`, and linear
+layers that use the first.
 
 `torch.ops.gemmtune.mm(a, b, out_dtype=None)` is `tuned_gemm(a, b, out_dtype=...)` as an
 opaque op: `torch.compile` traces it through its fake implementation (shapes and dtypes only)
@@ -12,11 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gemmtune.core.problem import integer_matmul
+
 
 @torch.library.custom_op("gemmtune::mm", mutates_args=())
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
     if not (a.is_cuda and b.is_cuda):
+        if a.dtype == torch.int8:
+            return integer_matmul(a, b)
         out = torch.matmul(a, b)
         return out if out_dtype is None else out.to(out_dtype)
     from gemmtune.api.dispatch import (
@@ -33,7 +38,8 @@ def _(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) ->
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    return a.new_empty((*batch, a.shape[-2], b.shape[-1]), dtype=out_dtype or a.dtype)
+    default = torch.int32 if a.dtype == torch.int8 else a.dtype
+    return a.new_empty((*batch, a.shape[-2], b.shape[-1]), dtype=out_dtype or default)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -54,6 +60,25 @@ def _backward(ctx, grad: torch.Tensor):
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("gemmtune::int_mm", mutates_args=())
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch._int_mm(a, b)` by `gemmtune.int_mm`: int8 (m, k) @ (k, n) -> int32, exact."""
+    if not (a.is_cuda and b.is_cuda):
+        return torch._int_mm(a, b)
+    from gemmtune.api.dispatch import int_mm as tuned_int_mm
+
+    return tuned_int_mm(a, b)
+
+
+@int_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or a.dtype != torch.int8 or b.dtype != torch.int8:
+        raise ValueError("gemmtune::int_mm takes two 2-D int8 tensors, as torch._int_mm does")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
 
 
 class TunedLinear(nn.Module):

@@ -3,10 +3,12 @@
 The suites ship with gemmtune (`SUITES`): "public", the shapes the project is judged on, and
 "serving", where LLM serving spends its GEMM time (decode batches against Llama-3 8B and 70B
 projections, ragged prefill and mid-size problems, small outputs over long K; each shape says
-where it comes from). Each shape: `torch.randn` operands, `b` row-major (K, N) as in `x @ w`,
+where it comes from). Each shape: `torch.randn` operands (int8: uniform over its 256 values),
+`b` row-major (K, N) as in `x @ w`,
 or the transpose of a row-major (N, K) weight as in a linear layer's `x @ w.t()` (`--layout
 nk`); one tuned_gemm call (which tunes its bucket in mode "tune"), a correctness check
-against a float32 reference, then tuned_gemm and torch.matmul timed on the same tensors, each
+against a float32 reference (int8: the exact int32 product), then tuned_gemm and torch.matmul
+(int8: torch._int_mm) timed on the same tensors, each
 alone in windows of about 100 ms taken in turn three times (`time_in_windows`: each at the
 clocks its own power allows), L2 emptied by a read before every run. Each row also says how
 many bytes per second each moved (`gbps`: A and B read once, the output written once) and
@@ -87,19 +89,17 @@ def compare_with_cublas(
     """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape."""
     from gemmtune.api.dispatch import tuned_gemm
     from gemmtune.measure.bandwidth import gemm_bytes
+    from gemmtune.measure.runner import random_tensor, reference_product, torch_product
 
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = torch_dtype(dtype_name)
-    a = torch.randn(m, k, device="cuda", dtype=dtype)
-    if b_layout == "nk":
-        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
-    else:
-        b = torch.randn(k, n, device="cuda", dtype=dtype)
+    a = random_tensor((m, k), dtype)
+    b = random_tensor((n, k), dtype).t() if b_layout == "nk" else random_tensor((k, n), dtype)
     tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
-    ok, err = check(tuned_gemm(a, b, mode=mode), torch.matmul(a.float(), b.float()))
+    ok, err = check(tuned_gemm(a, b, mode=mode), reference_product(a, b))
     config = plan_config(a, b, mode)
     ours, cublas = time_in_windows(
-        [functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch.matmul, a, b)],
+        [functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch_product, a, b)],
         window_ms=WINDOW_MS,
         max_runs=runs,
         flush=flush,

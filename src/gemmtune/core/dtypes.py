@@ -15,6 +15,8 @@ _TABLE = {
     "bf16": ("bfloat16", 2),
     "fp16": ("float16", 2),
     "fp32": ("float32", 4),
+    "int8": ("int8", 1),
+    "int32": ("int32", 4),
 }
 _BY_TORCH_NAME = {f"torch.{attr}": name for name, (attr, _) in _TABLE.items()}
 
@@ -22,9 +24,24 @@ _BY_TORCH_NAME = {f"torch.{attr}": name for name, (attr, _) in _TABLE.items()}
 #: every stride but the contiguous one a multiple of 16 bytes.
 ALIGNMENT_BYTES = 16
 
-#: Input types our kernels multiply (A and B share one), and the output types they write.
-KERNEL_INPUTS = ("bf16", "fp16")
-KERNEL_OUTPUTS = ("bf16", "fp16", "fp32")
+#: Input types our kernels multiply (A and B share one), and the output types they write for
+#: each: 16-bit floats accumulate in fp32 and are written in any float type; int8 accumulates
+#: in int32 and is written exactly, as `torch._int_mm` does.
+OUTPUTS_OF = {
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("bf16", "fp16", "fp32"),
+    "int8": ("int32",),
+}
+KERNEL_INPUTS = tuple(OUTPUTS_OF)
+KERNEL_OUTPUTS = ("bf16", "fp16", "fp32", "int32")
+#: Input types of one byte: the 8-bit MMAs read both operands K-major from shared memory.
+EIGHT_BIT = ("int8",)
+
+
+def default_output(name: str) -> str:
+    """What a product of two `name` inputs is written as without an out_dtype: the input type,
+    or int32 for int8 (exact)."""
+    return OUTPUTS_OF[name][0] if name in EIGHT_BIT else name
 
 
 def name_of(dtype: Any) -> str | None:

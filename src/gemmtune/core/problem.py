@@ -30,6 +30,10 @@ KERNEL_INPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_INPUTS))
 KERNEL_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_OUTPUTS))
 #: Floating dtypes torch.matmul multiplies on a GPU that we hand back to it.
 FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
+#: What a product of int8 inputs is written as (exactly, as `torch._int_mm` does)
+INT8_OUTPUT_DTYPES = (torch.int32,)
+#: What a product of floating inputs may be written as
+FLOAT_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,8 @@ class Operand:
             raise ValueError(f"{name} is on {self.device}; gemmtune multiplies CUDA tensors")
         if self.dtype not in KERNEL_INPUT_DTYPES + FALLBACK_INPUT_DTYPES:
             raise TypeError(
-                f"{name} has dtype {self.dtype}; gemmtune multiplies floating-point tensors "
-                "(bfloat16 and float16 on its kernels, float32 and float64 through torch.matmul)"
+                f"{name} has dtype {self.dtype}; gemmtune multiplies bfloat16, float16 and int8 "
+                "tensors on its kernels, float32 and float64 through torch.matmul"
             )
 
 
@@ -209,7 +213,8 @@ class GemmProblem:
 
         a = operand(m, k, layout[0] == "n", dtype)
         b = operand(k, n, layout[1] == "t", dtype)
-        out = operand(m, n, out_major == "m", out_dtype or dtype)
+        out_dtype = out_dtype or dtypes.torch_dtype(dtypes.default_output(dtypes.label(dtype)))
+        out = operand(m, n, out_major == "m", out_dtype)
         return cls.from_operands(a, b, out, arch=arch)
 
     @classmethod
@@ -251,11 +256,11 @@ class GemmProblem:
         # broadcasting a batch of one against a batch of any size, zero included, gives that size
         l = next((x for x in (la, lb) if x is not None and x != 1), 1)
 
-        all_output_dtypes = KERNEL_OUTPUT_DTYPES + FALLBACK_INPUT_DTYPES
+        integer = a.dtype == torch.int8
+        all_output_dtypes = INT8_OUTPUT_DTYPES if integer else FLOAT_OUTPUT_DTYPES
+        allowed = "int32 for int8 inputs" if integer else "bfloat16, float16 or float32"
         if out_dtype is not None and out_dtype not in all_output_dtypes:
-            raise TypeError(
-                f"out_dtype {out_dtype} is not supported; use bfloat16, float16 or float32"
-            )
+            raise TypeError(f"out_dtype {out_dtype} is not supported; use {allowed}")
         expected_shape = (l, m, n) if batched else (m, n)
         if out is not None:
             if out.shape != expected_shape:
@@ -265,9 +270,9 @@ class GemmProblem:
             if out_dtype is not None and out.dtype != out_dtype:
                 raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
             if out.dtype not in all_output_dtypes:
-                raise TypeError(f"out has dtype {out.dtype}; use bfloat16, float16 or float32")
+                raise TypeError(f"out has dtype {out.dtype}; use {allowed}")
             out_dtype = out.dtype
-        out_dtype = out_dtype or a.dtype
+        out_dtype = out_dtype or (torch.int32 if integer else a.dtype)
 
         if arch is None:
             arch = arch_of(a.device.index or 0)
@@ -278,7 +283,9 @@ class GemmProblem:
                 )
             )
         if a.dtype not in KERNEL_INPUT_DTYPES:
-            reasons.append(FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16/fp16"))
+            reasons.append(
+                FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16, fp16, int8")
+            )
         if out_dtype not in KERNEL_OUTPUT_DTYPES:
             reasons.append(FallbackReason("dtype", f"kernels do not write {out_dtype} output"))
         if 0 in (m, n, k, l):
@@ -303,6 +310,14 @@ class GemmProblem:
         a_major = {"row": "k", "col": "m"}.get(majors["a"])
         b_major = {"row": "n", "col": "k"}.get(majors["b"])
         out_major = {"row": "n", "col": "m"}.get(majors["out"])
+        if integer and (a_major, b_major) != ("k", "k") and None not in (a_major, b_major):
+            reasons.append(
+                FallbackReason(
+                    "layout",
+                    "8-bit MMAs read A and B K-major: a must be row-major and b column-major "
+                    f"(a.t() of a row-major matrix), not a {a_major}-major, b {b_major}-major",
+                )
+            )
 
         return cls(
             m=m,
@@ -335,7 +350,14 @@ def fallback_matmul(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included)."""
+    """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included); int8
+    products through `integer_matmul`."""
+    if a.dtype == torch.int8:
+        result = integer_matmul(a, b)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
     result = torch.matmul(a, b)
     want = out.dtype if out is not None else (out_dtype or a.dtype)
     if result.dtype != want:
@@ -347,3 +369,16 @@ def fallback_matmul(
         return result
     out.copy_(result)
     return out
+
+
+def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The exact int32 product of int8 `a` and `b` (CUDA's matmul has no integer kernels):
+    `torch._int_mm` where it takes the problem (2-D, sizes it accepts), else in float64, whose
+    53-bit mantissa holds every sum of int8 products (at most 2^14 each) exactly for any K a
+    GPU holds."""
+    if a.dim() == b.dim() == 2 and a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0:
+        try:
+            return torch._int_mm(a, b)
+        except RuntimeError:  # a layout cuBLASLt refuses: the exact path below takes it
+            pass
+    return torch.matmul(a.double(), b.double()).to(torch.int32)

@@ -27,5 +27,5 @@ def serve_reason(
     if problem.a_dtype != problem.b_dtype or dtypes.name_of(problem.a_dtype) not in (
         dtypes.KERNEL_INPUTS
     ):
-        return "A and B must both be bf16 or both fp16"
+        return f"A and B must share one of {', '.join(dtypes.KERNEL_INPUTS)}"
     return None

@@ -235,10 +235,10 @@ def compile_gemm(
     return CompiledGemm(config, signature, function, elapsed, ptx, sass)
 
 
-#: Per architecture: the PTX of its MMA, and its SASS (Hopper's HGMMA; Blackwell's tcgen05 MMA
-#: as UTCHMMA and kin, UTCHMMA.2CTA for the pair's `cta_group::2` form).
+#: Per architecture: the PTX of its MMA, and its SASS (Hopper's HGMMA, IGMMA for int8;
+#: Blackwell's tcgen05 MMA as UTCHMMA and kin, UTCHMMA.2CTA for the pair's `cta_group::2` form).
 MMA_INSTRUCTIONS = {
-    "sm_90": ("wgmma.mma_async", r"\bHGMMA\b"),
+    "sm_90": ("wgmma.mma_async", r"\b[HI]GMMA\b"),
     "sm_100": ("tcgen05.mma", r"\bUTC\w*MMA\w*\b"),
 }
 #: The SASS of a 2-CTA MMA (`cta_group::2`)

@@ -11,7 +11,18 @@ from cutlass.tensor_utils import LayoutEnum
 
 from gemmtune.kernels.signature import KernelSignature
 
-DSL_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
+DSL_DTYPES = {
+    "bf16": cutlass.BFloat16,
+    "fp16": cutlass.Float16,
+    "fp32": cutlass.Float32,
+    "int8": cutlass.Int8,
+    "int32": cutlass.Int32,
+}
+
+
+def accumulator_dtype(signature: KernelSignature) -> type:
+    """What the MMA accumulates in: int32 for int8 inputs (exact), else fp32."""
+    return cutlass.Int32 if signature.ab_dtype == "int8" else cutlass.Float32
 
 
 def kernel_view(t: cute.Tensor, rows: int, cols: int) -> cute.Tensor:

@@ -36,12 +36,27 @@ class KernelSignature:
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
-            raise ValueError(f"ab_dtype={self.ab_dtype!r}: kernels take bf16 or fp16 inputs")
-        if self.out_dtype not in dtypes.KERNEL_OUTPUTS:
-            raise ValueError(f"out_dtype={self.out_dtype!r}: kernels write bf16, fp16 or fp32")
+            inputs = ", ".join(dtypes.KERNEL_INPUTS)
+            raise ValueError(f"ab_dtype={self.ab_dtype!r}: kernels take {inputs} inputs")
+        outputs = dtypes.OUTPUTS_OF[self.ab_dtype]
+        if self.out_dtype not in outputs:
+            raise ValueError(
+                f"out_dtype={self.out_dtype!r}: {self.ab_dtype} kernels write {', '.join(outputs)}"
+            )
         for name, allowed in (("a_major", "km"), ("b_major", "kn"), ("out_major", "nm")):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be one of {list(allowed)}")
+        if self.eight_bit and (self.a_major, self.b_major) != ("k", "k"):
+            raise ValueError(f"{self.ab_dtype} kernels read A and B K-major (a_major=b_major='k')")
+
+    @property
+    def eight_bit(self) -> bool:
+        """One-byte inputs: WGMMA reads both from shared memory K-major."""
+        return self.ab_dtype in dtypes.EIGHT_BIT
+
+    @property
+    def ab_bytes(self) -> int:
+        return dtypes.itemsize(self.ab_dtype)
 
     @classmethod
     def of(cls, problem: GemmProblem) -> KernelSignature:

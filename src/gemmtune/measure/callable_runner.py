@@ -20,7 +20,7 @@ import torch
 
 from gemmtune.measure.runner import GemmRunner, Measurement
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda
-from gemmtune.measure.verify import relative_error, tolerance
+from gemmtune.measure.verify import poison, relative_error, tolerance
 
 
 def resolve(target: str | Callable) -> Callable:
@@ -112,7 +112,7 @@ class CallableRunner:
         name = repr(job.config)
         output = self._output()
         if output is not None and output.is_floating_point():
-            output.fill_(math.nan)
+            poison(output)
         result = self._call(job.config)
         torch.cuda.synchronize()
         err = math.nan

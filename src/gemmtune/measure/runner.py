@@ -1,9 +1,11 @@
 """What a benchmark worker runs: one problem's tensors, and candidate kernels timed on them.
 
 A `GemmRunner` lives in the benchmark worker (`workers.bench`). It builds the problem's inputs
-once, from `torch.randn` with a fixed seed, so every candidate multiplies the same tensors, and
-the float32 reference; then, per candidate, it loads the compiled kernel, poisons the output
-with NaN, runs it, checks the result and only then times it.
+once, from `torch.randn` (int8: uniform over all 256 values) with a fixed seed, so every
+candidate multiplies the same tensors, and the reference (float32, or exact int32 for int8);
+then, per candidate, it loads the compiled kernel, poisons the output (`verify.poison`), runs
+it, checks the result and only then times it. torch's own contender is `torch.matmul`, or
+`torch._int_mm` for int8 (`problem.integer_matmul`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from gemmtune.core.config import CUBLAS, GemmConfig
+from gemmtune.core.problem import integer_matmul
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
-from gemmtune.measure.verify import check
+from gemmtune.measure.verify import check, poison
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.
 
     def rand(rows: int, cols: int, column_major: bool) -> torch.Tensor:
         shape = (*lead, cols, rows) if column_major else (*lead, rows, cols)
-        t = torch.randn(shape, device=device, dtype=sig.ab_torch_dtype, generator=gen)
+        t = random_tensor(shape, sig.ab_torch_dtype, device, gen)
         return t.transpose(-1, -2) if column_major else t
 
     a = rand(spec.m, spec.k, sig.a_major == "m")
@@ -92,6 +95,32 @@ def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.
     return a, b, out.transpose(-1, -2) if sig.out_major == "m" else out
 
 
+def random_tensor(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device | str = "cuda",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The inputs every contender multiplies: `torch.randn`, or for int8 integers drawn
+    uniformly from all 256 values (small integers would make any kernel look faster)."""
+    if dtype == torch.int8:
+        return torch.randint(-128, 128, shape, device=device, dtype=dtype, generator=generator)
+    return torch.randn(shape, device=device, dtype=dtype, generator=generator)
+
+
+def reference_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What a candidate's output is checked against: a float32 product, exact int32 for int8."""
+    if a.dtype == torch.int8:
+        return integer_matmul(a, b) if a.dim() == 2 else torch.matmul(a.double(), b.double())
+    return torch.matmul(a.float(), b.float())
+
+
+def torch_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch's answer to `a @ b`, the contender ours must beat: torch.matmul (cuBLAS), or
+    torch._int_mm for int8."""
+    return integer_matmul(a, b) if a.dtype == torch.int8 else torch.matmul(a, b)
+
+
 class GemmRunner:
     """The worker-side state of one tuning run."""
 
@@ -99,7 +128,7 @@ class GemmRunner:
         torch.cuda.set_device(spec.device_index)
         self.spec = spec
         self.a, self.b, self.out = make_operands(spec)
-        self.reference = torch.matmul(self.a.float(), self.b.float())
+        self.reference = reference_product(self.a, self.b)
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
         self.idle = IdleWarmup()
@@ -125,7 +154,7 @@ class GemmRunner:
         return run
 
     def _cublas(self) -> None:
-        torch.matmul(self.a, self.b)
+        torch_product(self.a, self.b)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
         keys, runs = [], []
@@ -151,7 +180,7 @@ class GemmRunner:
     def measure(self, job: RunJob) -> Measurement:
         config = GemmConfig.from_json(job.config_json)
         run = self._launcher(config, job.kernel_path)
-        self.out.fill_(math.nan)
+        poison(self.out)
         run()
         torch.cuda.synchronize()
         ok, err = check(self.out, self.reference)

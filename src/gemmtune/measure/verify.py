@@ -1,5 +1,6 @@
 """Is a candidate's output right? Compared with a float32 reference, with a tolerance that
-depends on the output's dtype (its rounding dominates the error).
+depends on the output's dtype (its rounding dominates the error); an integer output (int8
+inputs) with its exact reference, element for element.
 
 The one tolerance of gemmtune: the tuner, `@autotune`, the benchmarks and the tests all check
 results with it.
@@ -13,11 +14,23 @@ import torch
 
 #: relative Frobenius error allowed per output dtype: a few units of its rounding error, and far
 #: below what a wrong tile, a missed k-tile or an unwritten element produces
-TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3, torch.float32: 1e-4, torch.int32: 0.0}
+
+
+#: What an integer output is poisoned with before a run: no int8 product sums to it
+INTEGER_POISON = -(2**31)
+
+
+def poison(out: torch.Tensor) -> None:
+    """Fill `out` with what a kernel must overwrite: NaN, or `INTEGER_POISON` for integers."""
+    out.fill_(math.nan if out.is_floating_point() else INTEGER_POISON)
 
 
 def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
-    """||out - reference|| / ||reference|| in float32; infinity when out holds NaN or Inf."""
+    """||out - reference|| / ||reference|| in float32; infinity when out holds NaN or Inf. An
+    integer output is exact or wrong: 0, or infinity where any element differs."""
+    if not out.is_floating_point():
+        return 0.0 if torch.equal(out, reference.to(out.dtype)) else math.inf
     if not torch.isfinite(out).all():
         return math.inf
     diff = (out.float() - reference).norm()

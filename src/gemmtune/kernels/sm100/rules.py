@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gemmtune.core import dtypes
 from gemmtune.core.config import Decomposition, GemmConfig, expand_families
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
@@ -40,7 +41,6 @@ ACCUMULATOR_BUFFERS = 2
 #: Columns of an epilogue sub-tile (TMEM -> registers -> shared memory -> TMA store).
 EPI_TILE_N = 32
 EPI_STAGES = 2
-AB_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """One CTA's shared memory: the epilogue's buffers (TMA store only), then as many A/B
     stages of its share of the tile as fit in the rest."""
     share = cta_share(config)
-    ab_stage_bytes = (share.a_rows + share.b_rows) * TILE_K * AB_BYTES
+    ab_stage_bytes = (share.a_rows + share.b_rows) * TILE_K * signature.ab_bytes
     epi_stage_bytes = share.out_rows * EPI_TILE_N * signature.out_bytes if config.tma_store else 0
     epi_stages = EPI_STAGES if config.tma_store else 0
     stages = (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
@@ -172,4 +172,7 @@ def implemented_configs(
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     """Why `config` cannot compute `problem`, or None when it can."""
-    return serve_reason(config, problem, implements)
+    why = serve_reason(config, problem, implements)
+    if why is None and dtypes.name_of(problem.a_dtype) in dtypes.EIGHT_BIT:
+        return "the Blackwell kernel multiplies 16-bit inputs"
+    return why

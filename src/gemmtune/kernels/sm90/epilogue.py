@@ -89,7 +89,7 @@ class TmaStoreEpilogue:
         subtiles_m = cute.size(gC_epi, mode=[1, 0])
         subtiles_n = cute.size(gC_epi, mode=[1, 1])
         subtiles = subtiles_m * subtiles_n
-        tRS_rC = cute.make_rmem_tensor(self.sub_shape, cutlass.Float32)
+        tRS_rC = cute.make_rmem_tensor(self.sub_shape, accumulators.element_type)
         tRS_rOut = cute.make_rmem_tensor(self.sub_shape, self.out_dtype)
         groups = subtile_groups(subtiles, self.epi_stages, self.epi_group)
         # Sub-tiles go out in groups: the group's shared writes, one fence and one barrier,

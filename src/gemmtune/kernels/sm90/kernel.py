@@ -23,7 +23,12 @@ from cutlass.memory import SmemAllocator
 
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.operands import DSL_DTYPES, kernel_operands, operand_layouts
+from gemmtune.kernels.operands import (
+    DSL_DTYPES,
+    accumulator_dtype,
+    kernel_operands,
+    operand_layouts,
+)
 from gemmtune.kernels.reduction import (
     SharedTile,
     gather_partials,
@@ -62,6 +67,7 @@ class HopperGemm:
         self.epi_tile = rules.epi_tile(config)
         self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
+        self.acc_dtype = accumulator_dtype(signature)
         self.a_layout, self.b_layout, self.c_layout = operand_layouts(signature)
         wg = rules.THREADS_PER_WARPGROUP
         self.consumers = rules.consumer_warpgroups(config)
@@ -82,7 +88,7 @@ class HopperGemm:
             self.ab_dtype,
             self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(),
-            cutlass.Float32,
+            self.acc_dtype,
             atoms,
             tiler_mn=(64, self.config.tile_n),
         )
@@ -391,7 +397,7 @@ class HopperGemm:
         gC_store = cute.local_tile(store_target, (tile_m, tile_n), (None, None, None))
         gC = cute.local_tile(mC, (tile_m, tile_n), (None, None, None))  # (bM,bN,RM,RN,L)
         accumulators = cute.make_rmem_tensor(
-            thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, cutlass.Float32
+            thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, self.acc_dtype
         )
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
@@ -403,7 +409,7 @@ class HopperGemm:
             )
             epilogue = TmaStoreEpilogue.create(
                 tiled_mma,
-                sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, cutlass.Float32),
+                sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, self.acc_dtype),
                 stmatrix,
                 sC,
                 self.epi_tile,

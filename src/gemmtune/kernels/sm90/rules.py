@@ -23,8 +23,6 @@ SMEM_CAPACITY = 232448
 SMEM_RESERVED = 1024
 #: K extent of a tile: four k16 WGMMAs, one 128-byte swizzle atom of a 16-bit K-major row.
 TILE_K = 64
-AB_BYTES = 2  # bf16 and fp16
-
 THREADS_PER_WARPGROUP = 128
 #: 32-bit registers of one SM, all of them for the one CTA it holds.
 REGISTER_FILE = 65536
@@ -124,7 +122,7 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest, then what those leave to more epilogue buffers."""
-    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K * AB_BYTES
+    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K * signature.ab_bytes
 
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
         return (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
@@ -221,7 +219,10 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
     would spill, or None: more than 192 accumulator registers with a batch index to carry,
     192 or more stored directly to an M-major output, and `BATCHED_SPILLING_TILES`. The compile
-    test of every signature checks these limits."""
+    test of every signature checks these limits. 8-bit binaries are data-parallel: the
+    split-K and stream-K reduction sums float32 partials, and int32 ones must stay exact."""
+    if signature.eight_bit and config.decomposition is not Decomposition.DATA_PARALLEL:
+        return f"{signature.ab_dtype} kernels are data-parallel (partials are summed in fp32)"
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.batched and regs > 192:
