@@ -9,7 +9,11 @@ among the tuning's candidates (`"contender": "tuned_gemm"`), one without (`GEMMT
 `"contender": "kernels"`: our kernels alone). Rows are kernel rows; ratio = cublas_ms /
 ours_ms, above 1: gemmtune is faster.
 
-    python -m benchmarks public --out-dir DIR [--dtype bf16 fp16] [--shapes FILE]
+    python -m benchmarks public --out-dir DIR [--dtype bf16 fp16 int8] [--layout kn|nk]
+        [--shapes FILE]
+
+int8 is served by our kernels with `--layout nk` (`x @ w.t()`: 8-bit MMAs read both operands
+K-major); its contender is torch._int_mm and its inputs are uniform over the 256 values.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, write_results
 from gemmtune.api.choice import CUBLAS_ENV
-from gemmtune.cli.bench import load_shape_suite
+from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
 from gemmtune.core.dtypes import KERNEL_INPUTS
 
 SUITE_HELP = "the public shape suite: tuned_gemm and our kernels alone against cuBLAS"
@@ -69,6 +73,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--shapes", type=Path, metavar="FILE", help="a shape suite (default: gemmtune's own)"
     )
+    parser.add_argument(
+        "--layout", default="kn", choices=list(B_LAYOUTS), help="b as x @ w (kn) or x @ w.t() (nk)"
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
@@ -76,7 +83,7 @@ def main(argv: list[str] | None = None) -> Path:
     rows, methods = [], set()
     for dtype in args.dtype:
         for contender, cublas in CONTENDERS.items():
-            document = bench_run(dtype, cublas, args.shapes)
+            document = bench_run(dtype, cublas, args.shapes, layout=args.layout)
             # the bench's method names the dtype; the dtypes are listed once below
             methods.add(document["method"].rsplit(";", 1)[0])
             for row in document["rows"]:
@@ -95,9 +102,17 @@ def main(argv: list[str] | None = None) -> Path:
         f"per dtype ({', '.join(args.dtype)}) two runs, each a new process with an empty cache "
         f"folder: contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the tuning's candidates) "
         f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
-        f"{' | '.join(sorted(methods))}; torch.randn inputs"
+        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype)}"
     )
     return write_results("kernel", method, rows, args.out_dir, name="public")
+
+
+def input_kind(dtypes: list[str]) -> str:
+    """How the suite's inputs were drawn, for a results file's method."""
+    kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
+    if "int8" in dtypes:
+        kinds.append("int8 inputs uniform over [-128, 127], torch._int_mm as the contender")
+    return ", ".join(kinds)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import RESULTS, write_results
-from benchmarks.public import CONTENDERS, bench_run, describe
+from benchmarks.public import CONTENDERS, bench_run, describe, input_kind
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
 from gemmtune.core.dtypes import KERNEL_INPUTS
 
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
     method = (
         f"serving suite ({len(shapes)} shapes), per dtype ({', '.join(args.dtype)}), b layout "
         f"({', '.join(args.layout)}) and contender ({', '.join(args.contenders)}) a new process "
-        f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; torch.randn inputs"
+        f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; "
+        f"{input_kind(args.dtype)}"
     )
     return write_results("kernel", method, rows, args.out_dir, name="serving")
