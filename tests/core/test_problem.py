@@ -232,3 +232,19 @@ def test_fallback_matmul_honours_out_and_out_dtype():
     out = torch.full((16, 8), float("nan"), dtype=torch.bfloat16)
     assert fallback_matmul(a, b, out=out) is out
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(1, 64, 48), (16, 60, 50), (40, 64, 64), (20, 3000, 2100)]
+)
+def test_integer_matmul_is_exact_where_torch_int_mm_refuses_the_sizes(m, k, n):
+    """int8 products go to torch._int_mm on zero-padded copies where its sizes need it (m above
+    16, k and n multiples of 8), and stay exact."""
+    from gemmtune.core.problem import integer_matmul
+
+    gen = torch.Generator().manual_seed(m + k + n)
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=gen)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen).t()
+    product = integer_matmul(a, b)
+    assert product.dtype == torch.int32 and product.is_contiguous()
+    assert torch.equal(product, a.int() @ b.int())

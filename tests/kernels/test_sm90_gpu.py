@@ -161,7 +161,7 @@ def check_case(case, rules):
     launch(kernel, a, b, out, config)
     torch.cuda.synchronize()
     assert not out.isnan().any(), "some outputs were never written"
-    assert rel_err(out, a, b) < tolerance_of(out_dtype)
+    assert rel_err(out, a, b) <= tolerance_of(out_dtype)
     if config.decomposition.value != "data_parallel":
         # partials are summed in a fixed order, and the counters were left at zero: a
         # second run is bitwise the same

@@ -32,6 +32,8 @@ KERNEL_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_OUTPUTS))
 FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
 #: What a product of int8 inputs is written as (exactly, as `torch._int_mm` does)
 INT8_OUTPUT_DTYPES = (torch.int32,)
+#: torch._int_mm multiplies matrices of more rows than this only
+INT_MM_MIN_ROWS = 17
 #: What a product of floating inputs may be written as
 FLOAT_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
@@ -373,12 +375,21 @@ def fallback_matmul(
 
 def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The exact int32 product of int8 `a` and `b` (CUDA's matmul has no integer kernels):
-    `torch._int_mm` where it takes the problem (2-D, sizes it accepts), else in float64, whose
-    53-bit mantissa holds every sum of int8 products (at most 2^14 each) exactly for any K a
-    GPU holds."""
-    if a.dim() == b.dim() == 2 and a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0:
+    `torch._int_mm` for matrices, on copies padded with zeros where its sizes are not ones it
+    takes (m above 16, k and n multiples of 8: what a user of torch._int_mm does), else in
+    float64, whose 53-bit mantissa holds every sum of int8 products exactly for any K a GPU
+    holds."""
+    if a.dim() == b.dim() == 2 and a.numel() and b.numel():
+        (m, k), n = a.shape, b.shape[1]
+        rows, depth, cols = max(m, INT_MM_MIN_ROWS), -(-k // 8) * 8, -(-n // 8) * 8
+        if (rows, depth, cols) != (m, k, n):
+            a = torch.nn.functional.pad(a, (0, depth - k, 0, rows - m))
+            # b^T padded, so that b stays column-major, the layout cuBLASLt's int8 GEMM takes
+            b = torch.nn.functional.pad(b.t(), (0, depth - k, 0, cols - n)).t()
         try:
-            return torch._int_mm(a, b)
+            product = torch._int_mm(a, b)
         except RuntimeError:  # a layout cuBLASLt refuses: the exact path below takes it
             pass
+        else:
+            return product if (rows, cols) == (m, n) else product[:m, :n].contiguous()
     return torch.matmul(a.double(), b.double()).to(torch.int32)
