@@ -111,7 +111,10 @@ def input_kind(dtypes: list[str]) -> str:
     """How the suite's inputs were drawn, for a results file's method."""
     kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
     if "int8" in dtypes:
-        kinds.append("int8 inputs uniform over [-128, 127], torch._int_mm as the contender")
+        kinds.append(
+            "int8 inputs uniform over [-128, 127], torch._int_mm as the contender (on copies "
+            "zero-padded to the sizes it takes where needed: m > 16, k and n multiples of 8)"
+        )
     return ", ".join(kinds)
 
 
