@@ -22,6 +22,8 @@ _EXPORTS = {
     "GemmConfig": "gemmtune.core.config",
     "GemmProblem": "gemmtune.core.problem",
     "TunedLinear": "gemmtune.api.torch_ops",
+    "InductorPass": "gemmtune.api.inductor",
+    "install_inductor_pass": "gemmtune.api.inductor",
     "use_tuned_linear": "gemmtune.api.torch_ops",
     "TuneResult": "gemmtune.tuning.tuner",
     "tune": "gemmtune.tuning.tuner",
@@ -34,10 +36,12 @@ _NAMES_THERE = {"start_workers": "start"}
 __all__ = [
     "GemmConfig",
     "GemmProblem",
+    "InductorPass",
     "TuneResult",
     "TunedLinear",
     "__version__",
     "autotune",
+    "install_inductor_pass",
     "int_mm",
     "plan",
     "pretune",
@@ -49,6 +53,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from gemmtune.api.dispatch import int_mm, plan, tuned_gemm
+    from gemmtune.api.inductor import InductorPass, install_inductor_pass
     from gemmtune.api.pretune import pretune
     from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear
     from gemmtune.core.config import GemmConfig

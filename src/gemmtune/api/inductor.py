@@ -1,0 +1,105 @@
+"""torch.compile through gemmtune: an Inductor pass that sends a compiled graph's GEMMs to the
+gemmtune ops.
+
+    gemmtune.install_inductor_pass()     # once, before torch.compile compiles
+    model = torch.compile(model)
+
+After AOT autograd (forward and backward graphs alike), `InductorPass` rewrites the graph's
+`aten.mm`, `aten.bmm` and `aten.addmm` on CUDA bf16/fp16 tensors into `gemmtune::mm` (addmm:
+`gemmtune::mm` then the bias added, which Inductor fuses with what follows), and `aten._int_mm`
+on CUDA int8 into `gemmtune::int_mm`. Inductor calls the ops as opaque kernels; at run time
+they are `tuned_gemm` and `int_mm`, whose plans are made and cached per shape, and which hand
+what our kernels do not serve (a layout, an alignment) to torch. Scaled or weighted addmm
+(`alpha`, `beta` other than 1) and other dtypes stay Inductor's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+aten = torch.ops.aten
+#: input dtypes whose products the pass hands to `gemmtune::mm`
+FLOAT_INPUTS = (torch.bfloat16, torch.float16)
+
+
+def _fake(node: object) -> torch.Tensor | None:
+    value = getattr(node, "meta", {}).get("val")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _ours(a: object, b: object, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Whether the product of the graph values `a` and `b` goes to a gemmtune op: CUDA tensors
+    of one of `dtypes`."""
+    fa, fb = _fake(a), _fake(b)
+    return (
+        fa is not None
+        and fb is not None
+        and fa.is_cuda
+        and fb.is_cuda
+        and fa.dtype == fb.dtype
+        and fa.dtype in dtypes
+    )
+
+
+def rewrite_gemms(graph: torch.fx.Graph) -> int:
+    """Rewrite `graph`'s mm, bmm, addmm and _int_mm calls that gemmtune takes (see the module's
+    docstring); the number rewritten."""
+    import gemmtune.api.torch_ops  # noqa: F401  registers the gemmtune ops
+
+    mm, int_mm = torch.ops.gemmtune.mm.default, torch.ops.gemmtune.int_mm.default
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in (aten.mm.default, aten.bmm.default):
+            if _ours(*node.args[:2], FLOAT_INPUTS):
+                node.target = mm
+                rewritten += 1
+        elif node.target is aten._int_mm.default:
+            if _ours(*node.args[:2], (torch.int8,)):
+                node.target = int_mm
+                rewritten += 1
+        elif node.target is aten.addmm.default:
+            bias, a, b = node.args[:3]
+            weighted = node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
+            if not weighted and _ours(a, b, FLOAT_INPUTS):
+                with graph.inserting_before(node):
+                    product = graph.call_function(mm, (a, b))
+                    total = graph.call_function(aten.add.Tensor, (product, bias))
+                product.meta["val"] = node.meta["val"]  # (m, n) of the output dtype, contiguous
+                total.meta["val"] = node.meta["val"]
+                node.replace_all_uses_with(total)
+                graph.erase_node(node)
+                rewritten += 1
+    return rewritten
+
+
+class InductorPass(CustomGraphPass):
+    """The post-grad pass (`torch._inductor.config.post_grad_custom_post_pass`): `rewrite_gemms`,
+    after the pass that was installed before it, if any."""
+
+    def __init__(self, previous: CustomGraphPass | None = None):
+        self.previous = previous
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.previous is not None:
+            self.previous(graph)
+        rewrite_gemms(graph)
+
+    def uuid(self) -> object:
+        """Inductor's compile cache key: this file's hash (and the previous pass's)."""
+        previous = self.previous.uuid() if self.previous is not None else None
+        return (get_hash_for_files((__file__,)), previous)
+
+
+def install_inductor_pass() -> InductorPass:
+    """Make torch.compile send the GEMMs of the graphs it compiles from now on through gemmtune
+    (a pass already installed keeps running, before ours). Installing twice changes nothing."""
+    import torch._inductor.config as config
+
+    current = config.post_grad_custom_post_pass
+    if isinstance(current, InductorPass):
+        return current
+    config.post_grad_custom_post_pass = InductorPass(current)
+    return config.post_grad_custom_post_pass

@@ -1,0 +1,101 @@
+"""The Inductor pass on the CPU: which GEMMs of a graph it hands to the gemmtune ops (on fake
+CUDA tensors), that it keeps a pass installed before it, and that a model still compiles and
+computes the same with it."""
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gemmtune
+from gemmtune.api.inductor import install_inductor_pass, rewrite_gemms
+
+aten = torch.ops.aten
+
+
+def graph_of(calls):
+    """A graph of `calls`: (target, [input specs], kwargs) with inputs (shape, dtype, device)
+    as placeholders carrying fake values, the way a post-grad graph carries them."""
+    graph = torch.fx.Graph()
+    mode = FakeTensorMode()
+    outputs = []
+    for i, (target, specs, kwargs) in enumerate(calls):
+        args = []
+        for j, (shape, dtype, device) in enumerate(specs):
+            node = graph.placeholder(f"x{i}_{j}")
+            with mode:
+                node.meta["val"] = torch.empty(shape, dtype=dtype, device=device)
+            args.append(node)
+        node = graph.call_function(target, tuple(args), kwargs)
+        with mode:
+            node.meta["val"] = target(*(a.meta["val"] for a in args), **kwargs)
+        outputs.append(node)
+    graph.output(tuple(outputs))
+    return graph
+
+
+def targets(graph):
+    return [n.target for n in graph.nodes if n.op == "call_function"]
+
+
+def test_cuda_gemms_of_our_dtypes_go_to_the_gemmtune_ops():
+    bf16, f32, i8 = torch.bfloat16, torch.float32, torch.int8
+    graph = graph_of(
+        [
+            (aten.mm.default, [((8, 16), bf16, "cuda"), ((16, 4), bf16, "cuda")], {}),
+            (aten.bmm.default, [((2, 8, 16), bf16, "cuda"), ((2, 16, 4), bf16, "cuda")], {}),
+            (aten._int_mm.default, [((32, 16), i8, "cuda"), ((16, 8), i8, "cuda")], {}),
+            (aten.mm.default, [((8, 16), f32, "cuda"), ((16, 4), f32, "cuda")], {}),  # fp32
+            (aten.mm.default, [((8, 16), bf16, "cpu"), ((16, 4), bf16, "cpu")], {}),  # CPU
+            (
+                aten.addmm.default,
+                [((4,), bf16, "cuda"), ((8, 16), bf16, "cuda"), ((16, 4), bf16, "cuda")],
+                {"beta": 2},
+            ),  # weighted
+        ]
+    )
+    assert rewrite_gemms(graph) == 3
+    mm, int_mm = torch.ops.gemmtune.mm.default, torch.ops.gemmtune.int_mm.default
+    assert targets(graph) == [mm, mm, int_mm, aten.mm.default, aten.mm.default, aten.addmm.default]
+
+
+def test_addmm_becomes_our_product_plus_the_bias():
+    bf16 = torch.bfloat16
+    specs = [((4,), bf16, "cuda"), ((8, 16), bf16, "cuda"), ((16, 4), bf16, "cuda")]
+    graph = graph_of([(aten.addmm.default, specs, {})])
+    assert rewrite_gemms(graph) == 1
+    assert targets(graph) == [torch.ops.gemmtune.mm.default, aten.add.Tensor]
+    add = next(n for n in graph.nodes if n.target is aten.add.Tensor)
+    assert add.args[1].name == "x0_0" and add.meta["val"].shape == (8, 4)
+    graph.lint()
+
+
+def test_the_pass_runs_after_one_installed_before_and_installs_once(monkeypatch):
+    import torch._inductor.config as config
+
+    seen = []
+
+    class Earlier(CustomGraphPass):
+        def __call__(self, graph):
+            seen.append(graph)
+
+        def uuid(self):
+            return "earlier"
+
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", Earlier())
+    ours = install_inductor_pass()
+    assert install_inductor_pass() is ours and config.post_grad_custom_post_pass is ours
+    graph = graph_of([])
+    ours(graph)
+    assert seen == [graph] and ours.uuid()[1] == "earlier"
+
+
+def test_a_compiled_model_computes_the_same_with_the_pass(monkeypatch):
+    import torch._inductor.config as config
+
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    gemmtune.install_inductor_pass()
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(torch.compile(model)(x), model(x))
+    torch._dynamo.reset()

@@ -1,0 +1,53 @@
+"""torch.compile with the Inductor pass on the GPU: a compiled function's linear (addmm), mm
+and _int_mm run through gemmtune's ops and give what the uncompiled function gives."""
+
+import pytest
+import torch
+
+import gemmtune
+from gemmtune.measure.verify import tolerance
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+
+def test_compiled_gemms_run_through_gemmtune(monkeypatch):
+    import torch._inductor.config as config
+
+    from gemmtune.api import dispatch
+
+    monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")  # the model's first choice, untuned
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    calls = []
+    for name in ("tuned_gemm", "int_mm"):
+        real = getattr(dispatch, name)
+        monkeypatch.setattr(
+            dispatch,
+            name,
+            lambda *args, _real=real, _name=name, **kw: calls.append(_name) or _real(*args, **kw),
+        )
+    gemmtune.install_inductor_pass()
+    torch._dynamo.reset()
+
+    def f(x, w, bias, qa, qw):
+        return torch.nn.functional.linear(x, w, bias).relu(), x @ w.t(), torch._int_mm(qa, qw.t())
+
+    bf16 = torch.bfloat16
+    x, w = (
+        torch.randn(256, 512, device="cuda", dtype=bf16),
+        torch.randn(384, 512, device="cuda", dtype=bf16),
+    )
+    bias = torch.randn(384, device="cuda", dtype=bf16)
+    qa = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8)
+    qw = torch.randint(-128, 128, (256, 512), device="cuda", dtype=torch.int8)
+    got = torch.compile(f)(x, w, bias, qa, qw)
+    expected = f(x, w, bias, qa, qw)
+    torch._dynamo.reset()
+    assert calls.count("tuned_gemm") == 2 and calls.count("int_mm") == 1, calls
+    for ours, theirs in zip(got[:2], expected[:2], strict=True):
+        err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+        assert err < tolerance(bf16)
+    assert torch.equal(got[2], expected[2])
