@@ -32,8 +32,8 @@ def test_compiled_gemms_run_through_gemmtune(monkeypatch):
     gemmtune.install_inductor_pass()
     torch._dynamo.reset()
 
-    def f(x, w, bias, qa, qw):
-        return torch.nn.functional.linear(x, w, bias).relu(), x @ w.t(), torch._int_mm(qa, qw.t())
+    def f(x, w, bias, w2, qa, qw):
+        return torch.nn.functional.linear(x, w, bias).relu(), x @ w2, torch._int_mm(qa, qw.t())
 
     bf16 = torch.bfloat16
     x, w = (
@@ -41,10 +41,11 @@ def test_compiled_gemms_run_through_gemmtune(monkeypatch):
         torch.randn(384, 512, device="cuda", dtype=bf16),
     )
     bias = torch.randn(384, device="cuda", dtype=bf16)
+    w2 = torch.randn(512, 128, device="cuda", dtype=bf16)
     qa = torch.randint(-128, 128, (64, 512), device="cuda", dtype=torch.int8)
     qw = torch.randint(-128, 128, (256, 512), device="cuda", dtype=torch.int8)
-    got = torch.compile(f)(x, w, bias, qa, qw)
-    expected = f(x, w, bias, qa, qw)
+    got = torch.compile(f)(x, w, bias, w2, qa, qw)
+    expected = f(x, w, bias, w2, qa, qw)
     torch._dynamo.reset()
     assert calls.count("tuned_gemm") == 2 and calls.count("int_mm") == 1, calls
     for ours, theirs in zip(got[:2], expected[:2], strict=True):
