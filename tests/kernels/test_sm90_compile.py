@@ -99,6 +99,29 @@ def test_every_signature_compiles(pool):
 
 
 @needs_nvdisasm
+def test_int8_compiles_to_igmma_in_every_decomposition(pool):
+    """int8 x int8 -> int32 (both operands K-major): cooperative, ping-pong, swapped and narrow
+    tiles, both epilogues, both output majors and ranks, split-K and stream-K (whose partials
+    are int32)."""
+    int8 = [
+        KernelSignature("int8", "int32", "k", "k", om, batched)
+        for om, batched in itertools.product(("n", "m"), (False, True))
+    ]
+    configs = [
+        GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
+        GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, tma_store=False),
+        GemmConfig(tile_m=128, tile_n=128, decomposition="split_k", splits=4),
+        GemmConfig(tile_m=64, tile_n=192, schedule="pingpong", decomposition="stream_k"),
+        GemmConfig(tile_m=128, tile_n=64, swap_ab=True, tma_store=False, decomposition="stream_k"),
+    ]
+    jobs = [CompileJob(c, sig) for c in configs for sig in int8]
+    jobs = [j for j in jobs if rules.signature_reason(j.config, j.signature) is None]
+    assert len(jobs) == len(configs) * len(int8)
+    reports = _check(pool, jobs)
+    assert all(r.mma_in_sass > 0 for r in reports)
+
+
+@needs_nvdisasm
 def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(pool):
     # the neighbours of `rules.BATCHED_SPILLING_TILES`, on two clusters and both epilogues
     batched = KernelSignature(batched=True)

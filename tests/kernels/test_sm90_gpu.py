@@ -61,6 +61,10 @@ sm90_64x256_c1x2_pp_tma_dp    | 4096x4096x4096x1 | tt | int8 int32 | n
 sm90_256x128_c1x1_coop_st_dp  |  1000x1528x2064x2 | tt | int8 int32 | n
 sm90_128x32_c1x1_swap_pp_tma_dp |  16x4096x4096x1 | tt | int8 int32 | n
 sm90_64x16_c2x1_swap_pp_tma_dp  |   1x8192x1024x1 | tt | int8 int32 | n
+sm90_128x128_c1x1_coop_tma_sk4  |  520x512x32768x1 | tt | int8 int32 | n
+sm90_128x64_c1x1_swap_coop_st_sk3 | 16x4096x8192x1 | tt | int8 int32 | m
+sm90_128x256_c2x1_coop_tma_streamk | 1024x4352x4096x1 | tt | int8 int32 | n
+sm90_64x128_c1x1_pp_st_streamk  |  1000x1528x2064x2 | tt | int8 int32 | m
 sm90_128x256_c1x1_coop_tma_dp | 2999x4104x1000x1 | tn | fp16 fp16 | n
 sm90_256x128_c1x2_coop_tma_dp | 3000x4104x1000x1 | nt | bf16 bf16 | n
 sm90_256x192_c2x2_coop_tma_dp | 1000x1528x2056x1 | nn | bf16 fp32 | n
@@ -166,7 +170,7 @@ def check_case(case, rules):
         # partials are summed in a fixed order, and the counters were left at zero: a
         # second run is bitwise the same
         first = out.clone()
-        out.fill_(float("nan"))
+        poison(out)
         launch(kernel, a, b, out, config)
         torch.cuda.synchronize()
         assert torch.equal(out, first)

@@ -18,7 +18,9 @@ A kernel that holds its accumulators in tensor memory reads them a sub-tile at a
 publishes, and adds, by parts: `store_partial` then `signal_arrival`; `await_partials` then
 `add_partials`.
 
-Partial tiles are stored in the accumulators' register order, interleaved by thread
+Partials are stored in the accumulators' type (`SharedTile.dtype`): fp32, or int32 for int8
+inputs, whose sums stay exact; both are four bytes, so the workspace (float32 storage) holds
+either. Partial tiles are stored in the accumulators' register order, interleaved by thread
 (float4 v of thread t at ((v * threads) + t) * 4), so each store and load is 16 bytes per
 thread and coalesced across the warp.
 """
@@ -53,19 +55,22 @@ class SharedTile:
     thread: Int32  # counts from 0 among the `threads` (synchronised by `barrier`)
     threads: int
     barrier: pipeline.NamedBarrier
+    dtype: type = cutlass.Float32  # the accumulators' (fp32, or int32 for int8 inputs)
 
     def slot(self, segment: Int32) -> Int32:
         return self.first_slot + segment * self.slot_stride
 
 
-def _partials(workspace: cute.Tensor, values: int, threads: int) -> cute.Tensor:
-    """The workspace as ((4, values/4, threads), slot): one tile of partial sums per slot."""
-    tile = values * threads
+def _partials(tile: SharedTile, values: int) -> cute.Tensor:
+    """The workspace as ((4, values/4, threads), slot) of the accumulators' type: one tile of
+    partial sums per slot."""
+    threads = tile.threads
+    size = values * threads
     layout = cute.make_layout(
-        ((4, values // 4, threads), cute.size(workspace) // tile),
-        stride=((1, 4 * threads, 4), tile),
+        ((4, values // 4, threads), cute.size(tile.workspace) // size),
+        stride=((1, 4 * threads, 4), size),
     )
-    return cute.make_tensor(workspace.iterator, layout)
+    return cute.make_tensor(cute.recast_ptr(tile.workspace.iterator, dtype=tile.dtype), layout)
 
 
 @cute.jit
@@ -80,11 +85,11 @@ def _await_arrivals(tile: SharedTile, arrivals: Int32):
     tile.barrier.arrive_and_wait()
 
 
-def _partial_load_atom() -> cute.CopyAtom:
+def _partial_load_atom(dtype: type) -> cute.CopyAtom:
     """16-byte loads of partial sums that skip L1: other SMs wrote them."""
     return cute.make_copy_atom(
         cute.nvgpu.CopyG2ROp(),
-        cutlass.Float32,
+        dtype,
         num_bits_per_copy=128,
         load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL,
     )
@@ -106,8 +111,8 @@ def store_partial(values: cute.Tensor, tile: SharedTile, slot: Int32, first: int
     (in tensor memory) publishes them part by part, then calls `signal_arrival`."""
     count = cute.size(values)
     regs = cute.make_tensor(values.iterator, cute.make_layout((4, count // 4)))
-    store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), cutlass.Float32, num_bits_per_copy=128)
-    partial = _partials(tile.workspace, total, tile.threads)[((None, None, tile.thread), slot)]
+    store = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), tile.dtype, num_bits_per_copy=128)
+    partial = _partials(tile, total)[((None, None, tile.thread), slot)]
     cute.copy(store, regs, _vectors(partial, first // 4, count // 4, tile.threads))
 
 
@@ -151,11 +156,11 @@ def add_partials(values: cute.Tensor, tile: SharedTile, first: int, total: int):
     same floats of the other segments' partials, in segment order, skipping our own. Only
     after `await_partials`."""
     count = cute.size(values)
-    load = _partial_load_atom()
-    partials = _partials(tile.workspace, total, tile.threads)
+    load = _partial_load_atom(tile.dtype)
+    partials = _partials(tile, total)
     chunk = math.gcd(count, MAX_CHUNK)
     vectors = chunk // 4
-    partial = cute.make_rmem_tensor((4, vectors), cutlass.Float32)
+    partial = cute.make_rmem_tensor((4, vectors), tile.dtype)
     for c in cutlass.range_constexpr(count // chunk):
         sum_view = cute.make_tensor(values.iterator + c * chunk, cute.make_layout((4, vectors)))
         for other in range(tile.segments):
@@ -196,15 +201,15 @@ def reduce_share(
     position) say where each value goes. The last segment to leave resets the counter."""
     blocks = values // 4
     _await_arrivals(tile, tile.segments)
-    load = _partial_load_atom()
-    partials = _partials(tile.workspace, values, tile.threads)
+    load = _partial_load_atom(tile.dtype)
+    partials = _partials(tile, values)
     begin = balanced_begin(tile.segment, tile.segments, blocks)
     end = balanced_begin(tile.segment + 1, tile.segments, blocks)
-    sums = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
-    partial = cute.make_rmem_tensor((4, SHARE_GROUP), cutlass.Float32)
+    sums = cute.make_rmem_tensor((4, SHARE_GROUP), tile.dtype)
+    partial = cute.make_rmem_tensor((4, SHARE_GROUP), tile.dtype)
     out = cute.make_rmem_tensor((4,), out_dtype)
     for first in range(begin, end, SHARE_GROUP):
-        sums.fill(0.0)
+        sums.fill(0)
         for j in range(tile.segments):
             source = partials[((None, None, tile.thread), tile.slot(j))]
             for g in cutlass.range_constexpr(SHARE_GROUP):

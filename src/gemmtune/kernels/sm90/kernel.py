@@ -487,6 +487,7 @@ class HopperGemm:
                             thread_in_group,
                             group_threads,
                             group_barrier,
+                            self.acc_dtype,
                         )
                         if segment != owner:  # every split-K split; stream-K's non-owners
                             publish_partial(

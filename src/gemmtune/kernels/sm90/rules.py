@@ -219,10 +219,7 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
     would spill, or None: more than 192 accumulator registers with a batch index to carry,
     192 or more stored directly to an M-major output, and `BATCHED_SPILLING_TILES`. The compile
-    test of every signature checks these limits. 8-bit binaries are data-parallel: the
-    split-K and stream-K reduction sums float32 partials, and int32 ones must stay exact."""
-    if signature.eight_bit and config.decomposition is not Decomposition.DATA_PARALLEL:
-        return f"{signature.ab_dtype} kernels are data-parallel (partials are summed in fp32)"
+    test of every signature checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.batched and regs > 192:
