@@ -3,10 +3,10 @@ slicing, offsets, `out` and `out_dtype`), drawn from a seed, and `make_tensors` 
 operands on any device, so the CPU tests check what the generator covers and the GPU test runs
 the same cases.
 
-Sizes mix the ones users meet (tile multiples, ragged, 1) with random ones from 1 to a few
-thousand; most contiguous extents are padded to a multiple of 8 elements so that enough
-cases reach our kernels (16-byte strides) rather than torch.matmul.
-"""
+int8 cases (exact int32 results) are drawn beside bf16 and fp16. Sizes mix the ones users meet
+(tile multiples, ragged, 1) with random ones from 1 to a few thousand; most contiguous extents
+are padded to a multiple of 8 elements so that enough cases reach our kernels (16-byte strides)
+rather than torch."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.bfloat16, torch.float16, torch.int8)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: what the product of int8 inputs is written as
+INT8_OUT = torch.int32
+#: an integer output's poison (no int8 product sums to it)
+INTEGER_POISON = -(2**31)
 
 #: allowed |out - reference| per element: a few roundings of the output type relative to the
 #: element, plus an absolute term for sums rounded on the way. Entries of a product of randn
@@ -55,7 +59,7 @@ class FuzzCase:
 
     @property
     def result_dtype(self) -> torch.dtype:
-        return self.out_dtype or self.dtype
+        return self.out_dtype or (INT8_OUT if self.dtype == torch.int8 else self.dtype)
 
     def describe(self) -> str:
         parts = [f"{self.m}x{self.n}x{self.k}", f"batch={self.batch}", str(self.dtype)]
@@ -99,13 +103,14 @@ def draw(seed: int) -> FuzzCase:
     dtype = rng.choice(DTYPES)
     a, b = _operand(rng, m, k), _operand(rng, k, n)
     out = out_dtype = None
+    out_dtypes = (INT8_OUT,) if dtype == torch.int8 else OUT_DTYPES
     roll = rng.random()
     if roll < 0.35:
-        out_dtype = rng.choice(OUT_DTYPES)
+        out_dtype = rng.choice(out_dtypes)
     elif roll < 0.7:
         out = _operand(rng, m, n)
         if rng.random() < 0.5:
-            out_dtype = rng.choice(OUT_DTYPES)  # the dtype `out` is allocated with
+            out_dtype = rng.choice(out_dtypes)  # the dtype `out` is allocated with
     return FuzzCase(m, n, k, batch, dtype, a, b, out, out_dtype, seed)
 
 
@@ -114,10 +119,14 @@ def _tensor(op: Operand, batch: int, dtype, device, fill: str, generator=None) -
     per_matrix = lead * (line + op.pad)
     count = max(batch, 1)
     storage = torch.empty(op.offset + count * per_matrix, dtype=dtype, device=device)
+    integer = not storage.is_floating_point()
     if fill == "randn":
-        storage.normal_(generator=generator)
+        if integer:
+            storage.random_(-128, 128, generator=generator)
+        else:
+            storage.normal_(generator=generator)
     elif fill == "nan":
-        storage.fill_(math.nan)
+        storage.fill_(INTEGER_POISON if integer else math.nan)
     view = storage[op.offset :].view(count, lead, line + op.pad)[:, :, :line]
     if not op.row_major:
         view = view.transpose(1, 2)
@@ -135,13 +144,15 @@ def make_tensors(
     b = _tensor(case.b, case.batch, case.dtype, device, fill, generator)
     out = None
     if case.out is not None:
-        out = _tensor(case.out, case.batch, case.out_dtype or case.dtype, device, "nan")
+        out = _tensor(case.out, case.batch, case.result_dtype, device, "nan")
     return a, b, out
 
 
 def mismatches(got: torch.Tensor, reference: torch.Tensor, k: int) -> int:
     """How many elements of `got` lie outside the tolerance of the float32 `reference` (NaN and
-    Inf count as outside)."""
+    Inf count as outside); of an integer `got`, how many differ from the exact `reference`."""
+    if not got.is_floating_point():
+        return int((got != reference.to(got.dtype)).sum())
     atol = PARTIAL_ROUNDINGS * max(EPS[got.dtype], 2.0**-13) * math.sqrt(max(k, 1))
     allowed = RTOL[got.dtype] * reference.abs() + atol
     bad = ~((got.float() - reference).abs() <= allowed)

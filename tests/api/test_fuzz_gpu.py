@@ -2,11 +2,12 @@
 torch.matmul serves a case, against torch's own answer, to the bit.
 
 Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged and
-size-1 dimensions, bf16/fp16, all four operand layouts, sliced rows, storage offsets, batched
-3-D, `out=` row- or column-major and NaN-poisoned, `out_dtype`. Plans are made by a chooser
-that gives each problem one of a few binaries (data-parallel, stream-K with swapped operands
-and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so the cases
-reach every decomposition without tuning; the binaries are compiled in parallel first.
+size-1 dimensions, bf16/fp16 and int8 (exact), all four operand layouts, sliced rows, storage
+offsets, batched 3-D, `out=` row- or column-major and poisoned, `out_dtype`. Plans are made by
+a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
+operands and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so
+the cases reach every decomposition without tuning; the binaries are compiled in parallel
+first.
 
 GEMMTUNE_FUZZ_SEED replays a run (its seed is in every failure message), GEMMTUNE_FUZZ_CASES
 sets how many cases are drawn, GEMMTUNE_FUZZ_SECONDS bounds the run.
@@ -31,6 +32,7 @@ from gemmtune.core.problem import GemmProblem, fallback_matmul
 from gemmtune.kernels.schedule_model import ceil_div
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.measure.runner import reference_product
 from gemmtune.space.candidates import runtime_variants
 from gemmtune.workers.compiler import CompileJob, compile_all
 
@@ -118,7 +120,7 @@ def test_fuzz_tuned_gemm_element_by_element(tmp_path):
             continue
         done += 1
         served += plan.config is not None
-        reference = torch.matmul(a.float(), b.float())
+        reference = reference_product(a, b)
         if got.shape != reference.shape or got.dtype != case.result_dtype:
             failures.append(f"case {case.seed}: {case.describe()}: {got.shape} {got.dtype}")
         elif out is not None and got.data_ptr() != out.data_ptr():
