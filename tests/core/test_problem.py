@@ -248,3 +248,13 @@ def test_integer_matmul_is_exact_where_torch_int_mm_refuses_the_sizes(m, k, n):
     product = integer_matmul(a, b)
     assert product.dtype == torch.int32 and product.is_contiguous()
     assert torch.equal(product, a.int() @ b.int())
+
+
+def test_integer_matmul_of_column_major_a_keeps_the_problems_shape():
+    """A column-major a needs the padded copies too (found by the fuzz: the exact path was
+    handed the padded operands and returned their product's shape)."""
+    from gemmtune.core.problem import integer_matmul
+
+    a = torch.randint(-128, 128, (832, 23), dtype=torch.int8).t()  # 23 x 832, column-major
+    b = torch.randint(-128, 128, (832, 1), dtype=torch.int8)
+    assert torch.equal(integer_matmul(a, b), a.int() @ b.int())

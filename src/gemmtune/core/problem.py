@@ -375,19 +375,21 @@ def fallback_matmul(
 
 def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The exact int32 product of int8 `a` and `b` (CUDA's matmul has no integer kernels):
-    `torch._int_mm` for matrices, on copies padded with zeros where its sizes are not ones it
-    takes (m above 16, k and n multiples of 8: what a user of torch._int_mm does), else in
-    float64, whose 53-bit mantissa holds every sum of int8 products exactly for any K a GPU
-    holds."""
+    `torch._int_mm` for matrices, on zero-padded copies (a row-major, b column-major, the
+    layout cuBLASLt's int8 GEMM takes) where its sizes need them (m above 16, k and n multiples
+    of 8: what a user of torch._int_mm does), else in float64, whose 53-bit mantissa holds every
+    sum of int8 products exactly for any K a GPU holds."""
     if a.dim() == b.dim() == 2 and a.numel() and b.numel():
         (m, k), n = a.shape, b.shape[1]
         rows, depth, cols = max(m, INT_MM_MIN_ROWS), -(-k // 8) * 8, -(-n // 8) * 8
+        x, y = a, b
         if (rows, depth, cols) != (m, k, n):
-            a = torch.nn.functional.pad(a, (0, depth - k, 0, rows - m))
-            # b^T padded, so that b stays column-major, the layout cuBLASLt's int8 GEMM takes
-            b = torch.nn.functional.pad(b.t(), (0, depth - k, 0, cols - n)).t()
+            x = a.new_zeros((rows, depth))
+            x[:m, :k] = a
+            y = b.new_zeros((cols, depth)).t()
+            y[:k, :n] = b
         try:
-            product = torch._int_mm(a, b)
+            product = torch._int_mm(x, y)
         except RuntimeError:  # a layout cuBLASLt refuses: the exact path below takes it
             pass
         else:
