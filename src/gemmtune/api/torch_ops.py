@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gemmtune.core.problem import integer_matmul
-
 
 @torch.library.custom_op("gemmtune::mm", mutates_args=())
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
     if not (a.is_cuda and b.is_cuda):
         if a.dtype == torch.int8:
+            from gemmtune.core.problem import integer_matmul
+
             return integer_matmul(a, b)
         out = torch.matmul(a, b)
         return out if out_dtype is None else out.to(out_dtype)
