@@ -105,7 +105,7 @@ def compare_with_cublas(
         flush=flush,
     )
     flops = 2 * m * n * k
-    moved = gemm_bytes(m, n, k, a.element_size(), a.element_size())
+    moved = gemm_bytes(m, n, k, a.element_size(), output_itemsize(a))
     row = {
         "shape": shape["name"],
         "m": m,
@@ -130,6 +130,11 @@ def compare_with_cublas(
         row["bw_fraction"] = row["gbps"] / reference_gbps
         row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
     return row
+
+
+def output_itemsize(a) -> int:
+    """Bytes per element of what `a @ b` writes: a's, or int32's for int8."""
+    return 4 if a.dtype == torch.int8 else a.element_size()
 
 
 def results_document(
