@@ -255,3 +255,24 @@ def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
     assert len(launches) == 1 and out.shape == (64, 48)  # our (pretend) kernel ran
     torch.testing.assert_close(dispatcher(shifted, b), shifted @ b)
     assert len(launches) == 1
+
+
+def test_int_mm_hands_torch_int_mm_what_our_kernels_cannot_take(monkeypatch):
+    """Off the GPU, or where torch._int_mm refuses the call, `int_mm` is torch._int_mm: the same
+    answer, the same error; `tuned_gemm` is never asked."""
+    import gemmtune
+    from gemmtune.api import dispatch
+
+    monkeypatch.setattr(dispatch, "tuned_gemm", lambda *args, **kw: pytest.fail("tuned"))
+    a = torch.randint(-128, 128, (32, 64), dtype=torch.int8)
+    b = torch.randint(-128, 128, (48, 64), dtype=torch.int8).t()
+    assert torch.equal(gemmtune.int_mm(a, b), a.int() @ b.int())
+    for x, y in ((a.float(), b.float()), (a[:, :60], b[:60]), (a[:8], b)):
+        outcomes = []
+        for function in (torch._int_mm, gemmtune.int_mm):
+            try:
+                outcomes.append(function(x, y))
+            except RuntimeError as error:
+                outcomes.append(str(error))
+        theirs, ours = outcomes
+        assert ours == theirs if isinstance(ours, str) else torch.equal(ours, theirs)
