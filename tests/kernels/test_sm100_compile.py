@@ -51,6 +51,35 @@ def test_every_tile_compiles_split_k_and_stream_k(pool):
 
 
 @needs_nvdisasm
+def test_int8_compiles_in_every_decomposition(pool):
+    """int8 x int8 -> int32 (tcgen05 kind::i8, int32 accumulators in tensor memory): one CTA and
+    a pair, both epilogues, both output majors and ranks, split-K and stream-K."""
+    int8 = [
+        KernelSignature("int8", "int32", "k", "k", om, batched)
+        for om, batched in itertools.product(("n", "m"), (False, True))
+    ]
+    configs = [
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=256),
+        GemmConfig(
+            arch="sm_100", tile_m=256, tile_n=128, cluster_m=2, two_cta=True, tma_store=False
+        ),
+        GemmConfig(arch="sm_100", tile_m=64, tile_n=32, swap_ab=True),
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=128, decomposition="split_k", splits=2),
+        GemmConfig(
+            arch="sm_100",
+            tile_m=256,
+            tile_n=64,
+            cluster_m=2,
+            two_cta=True,
+            tma_store=False,
+            decomposition="stream_k",
+        ),
+    ]
+    reports = _check(pool, [CompileJob(c, sig) for c in configs for sig in int8])
+    assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
+
+
+@needs_nvdisasm
 def test_every_signature_compiles(pool):
     signatures = [
         KernelSignature(ab, out, am, bm, om, batched)

@@ -1,7 +1,7 @@
 """The Blackwell kernel on a B200 (skipped on other GPUs): tiles on one CTA and on a pair,
 clusters, both epilogues, all four layouts, every output dtype and major, ragged, tiny and
-batched shapes, swapped operands, split-K and stream-K, against a float32 reference, outputs
-poisoned with NaN, a shared tile's reduction bitwise repeatable."""
+batched shapes, swapped operands, split-K and stream-K, against a float32 reference (int8: the
+exact int32 product), outputs poisoned, a shared tile's reduction bitwise repeatable."""
 
 import pytest
 import torch
@@ -37,6 +37,9 @@ sm100_128x256_c1x2_coop_st_streamk  |  1000x1528x2056x2 | nt | bf16 fp32 | m
 sm100_256x128_c2x1_2cta_coop_tma_streamk | 2999x4104x1000x1 | tn | fp16 fp16 | n
 sm100_256x256_c4x1_2cta_coop_st_streamk | 264x392x200x3 | nn | fp16 fp16 | m
 sm100_128x64_c2x1_2cta_swap_coop_tma_streamk | 16x4096x4096x1 | tt | bf16 bf16 | n
+sm100_128x256_c1x1_coop_tma_dp      | 1001x1528x2064x1 | tt | int8 int32 | n
+sm100_256x128_c2x1_2cta_coop_st_sk3 |  520x512x32768x1 | tt | int8 int32 | m
+sm100_256x64_c2x1_2cta_coop_tma_streamk | 1024x4352x4096x2 | tt | int8 int32 | n
 """
 CASE_LINES = CASES.strip().splitlines()
 

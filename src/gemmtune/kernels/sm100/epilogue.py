@@ -46,6 +46,7 @@ class TmemEpilogue:
     bSG_sC: object  # (TMA, STAGE)
     bSG_gC: object  # (TMA, SUB, RestM, RestN, RestL)
     values_shape: tuple  # one sub-tile of this thread's accumulators: (T2R, T2R_M, T2R_N)
+    acc_dtype: type  # fp32, or int32 for int8 inputs
     subtiles: int
     stages: int
     c_dtype: type
@@ -123,6 +124,7 @@ class TmemEpilogue:
             bSG_sC=bSG_sC,
             bSG_gC=bSG_gC,
             values_shape=values_shape,
+            acc_dtype=kernel.acc_dtype,
             subtiles=cute.size(tTR_tAcc, mode=[3]),
             stages=stages,
             c_dtype=kernel.c_dtype,
@@ -165,7 +167,7 @@ class TmemEpilogue:
     ):
         """Write the tile's partial sums (the accumulator buffer of `acc_state`, waited for) to
         `slot`, give the buffer back, and count this item in at the tile's counter."""
-        values = cute.make_rmem_tensor(self.values_shape, cutlass.Float32)
+        values = cute.make_rmem_tensor(self.values_shape, self.acc_dtype)
         for subtile in cutlass.range_constexpr(self.subtiles):
             self._load(values, subtile, acc_state.index)
             store_partial(values, shared, slot, subtile * self.values, self.tile_values)
@@ -192,7 +194,7 @@ class TmemEpilogue:
         direct store need not check bounds). `gather`: add the other segments' partials
         (`reduction.await_partials` done). `ring_start`: sub-tiles this thread's group stored
         before (TMA store)."""
-        values = cute.make_rmem_tensor(self.values_shape, cutlass.Float32)
+        values = cute.make_rmem_tensor(self.values_shape, self.acc_dtype)
         out = cute.make_rmem_tensor(self.values_shape, self.c_dtype)
         for subtile in cutlass.range_constexpr(self.subtiles):
             self._load(values, subtile, acc_state.index)

@@ -26,7 +26,12 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.operands import DSL_DTYPES, kernel_operands, operand_layouts
+from gemmtune.kernels.operands import (
+    DSL_DTYPES,
+    accumulator_dtype,
+    kernel_operands,
+    operand_layouts,
+)
 from gemmtune.kernels.reduction import SharedTile, await_partials, reduce_share
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm100 import rules
@@ -70,7 +75,7 @@ class BlackwellGemm:
         self.ab_stage_bytes = plan.ab_stage_bytes
         self.tmem_columns = rules.tmem_plan(config).allocated_columns
         # read by the DSL's epilogues
-        self.acc_dtype = cutlass.Float32
+        self.acc_dtype = accumulator_dtype(signature)
         self.c_dtype = DSL_DTYPES[signature.out_dtype]
         self.use_2cta_instrs = config.two_cta
         self.cta_tile_shape_mnk = (config.tile_m // self.group, config.tile_n, rules.TILE_K)
@@ -533,6 +538,7 @@ class BlackwellGemm:
                     tidx,
                     threads,
                     barrier,
+                    self.acc_dtype,
                 )
                 publishes = segments > 1
                 if cutlass.const_expr(not self.scatters):

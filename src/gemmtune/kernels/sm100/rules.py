@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gemmtune.core import dtypes
 from gemmtune.core.config import Decomposition, GemmConfig, expand_families
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
@@ -172,7 +171,4 @@ def implemented_configs(
 
 def serves(config: GemmConfig, problem: GemmProblem) -> str | None:
     """Why `config` cannot compute `problem`, or None when it can."""
-    why = serve_reason(config, problem, implements)
-    if why is None and dtypes.name_of(problem.a_dtype) in dtypes.EIGHT_BIT:
-        return "the Blackwell kernel multiplies 16-bit inputs"
-    return why
+    return serve_reason(config, problem, implements)
