@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from gemmtune.measure.verify import INTEGER_POISON
+
 DTYPES = (torch.bfloat16, torch.float16, torch.int8)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: what the product of int8 inputs is written as
 INT8_OUT = torch.int32
-#: an integer output's poison (no int8 product sums to it)
-INTEGER_POISON = -(2**31)
 
 #: allowed |out - reference| per element: a few roundings of the output type relative to the
 #: element, plus an absolute term for sums rounded on the way. Entries of a product of randn

@@ -5,6 +5,8 @@ import math
 import torch
 from fuzz_cases import OUT_DTYPES, draw, make_tensors, mismatches
 
+from gemmtune.measure.verify import INTEGER_POISON
+
 
 def test_draws_are_reproducible():
     assert draw(1234) == draw(1234)
@@ -53,7 +55,7 @@ def test_tensors_are_the_views_the_case_describes():
         if a.shape[inner] > 1 and a.shape[outer] > 1:
             assert a.stride(outer) == a.shape[inner] + case.a.pad
         if out is not None:
-            poisoned = out.isnan() if out.is_floating_point() else out == -(2**31)
+            poisoned = out.isnan() if out.is_floating_point() else out == INTEGER_POISON
             assert out.shape == (*batch, case.m, case.n) and poisoned.all()
             assert out.dtype == case.result_dtype
         assert make_tensors(case, "cpu")[0].equal(a)  # the data is the seed's

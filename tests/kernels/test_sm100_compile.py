@@ -5,10 +5,8 @@ exactly where `tma_store`, and no local memory; each tile compiles split-K and s
 every dtype, layout and rank. Building a kernel also checks `rules.smem_plan` and
 `rules.tmem_plan` against the DSL's layouts."""
 
-import itertools
-
 import pytest
-from test_sm90_compile import _check, needs_nvdisasm
+from test_sm90_compile import INT8_SIGNATURES, SIGNATURES, _check, needs_nvdisasm
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
@@ -54,10 +52,6 @@ def test_every_tile_compiles_split_k_and_stream_k(pool):
 def test_int8_compiles_in_every_decomposition(pool):
     """int8 x int8 -> int32 (tcgen05 kind::i8, int32 accumulators in tensor memory): one CTA and
     a pair, both epilogues, both output majors and ranks, split-K and stream-K."""
-    int8 = [
-        KernelSignature("int8", "int32", "k", "k", om, batched)
-        for om, batched in itertools.product(("n", "m"), (False, True))
-    ]
     configs = [
         GemmConfig(arch="sm_100", tile_m=128, tile_n=256),
         GemmConfig(
@@ -75,22 +69,12 @@ def test_int8_compiles_in_every_decomposition(pool):
             decomposition="stream_k",
         ),
     ]
-    reports = _check(pool, [CompileJob(c, sig) for c in configs for sig in int8])
+    reports = _check(pool, [CompileJob(c, sig) for c in configs for sig in INT8_SIGNATURES])
     assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
 
 
 @needs_nvdisasm
 def test_every_signature_compiles(pool):
-    signatures = [
-        KernelSignature(ab, out, am, bm, om, batched)
-        for ab, out, (am, bm), om, batched in itertools.product(
-            ("bf16", "fp16"),
-            ("bf16", "fp16", "fp32"),
-            (("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")),
-            ("n", "m"),
-            (False, True),
-        )
-    ]
     configs = [
         GemmConfig(arch="sm_100", tile_m=128, tile_n=256),
         GemmConfig(arch="sm_100", tile_m=256, tile_n=128, cluster_m=2, two_cta=True),
@@ -111,4 +95,4 @@ def test_every_signature_compiles(pool):
             splits=3,
         ),
     ]
-    _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(signatures)])
+    _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(SIGNATURES)])

@@ -76,6 +76,11 @@ SIGNATURES = [
         (False, True),
     )
 ]
+#: int8 x int8 -> int32: both operands K-major, either output major, either rank
+INT8_SIGNATURES = [
+    KernelSignature("int8", "int32", "k", "k", om, batched)
+    for om, batched in itertools.product(("n", "m"), (False, True))
+]
 
 
 @needs_nvdisasm
@@ -103,10 +108,6 @@ def test_int8_compiles_to_igmma_in_every_decomposition(pool):
     """int8 x int8 -> int32 (both operands K-major): cooperative, ping-pong, swapped and narrow
     tiles, both epilogues, both output majors and ranks, split-K and stream-K (whose partials
     are int32)."""
-    int8 = [
-        KernelSignature("int8", "int32", "k", "k", om, batched)
-        for om, batched in itertools.product(("n", "m"), (False, True))
-    ]
     configs = [
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
         GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, tma_store=False),
@@ -114,9 +115,9 @@ def test_int8_compiles_to_igmma_in_every_decomposition(pool):
         GemmConfig(tile_m=64, tile_n=192, schedule="pingpong", decomposition="stream_k"),
         GemmConfig(tile_m=128, tile_n=64, swap_ab=True, tma_store=False, decomposition="stream_k"),
     ]
-    jobs = [CompileJob(c, sig) for c in configs for sig in int8]
+    jobs = [CompileJob(c, sig) for c in configs for sig in INT8_SIGNATURES]
     jobs = [j for j in jobs if rules.signature_reason(j.config, j.signature) is None]
-    assert len(jobs) == len(configs) * len(int8)
+    assert len(jobs) == len(configs) * len(INT8_SIGNATURES)
     reports = _check(pool, jobs)
     assert all(r.mma_in_sass > 0 for r in reports)
 
