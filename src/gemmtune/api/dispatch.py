@@ -21,7 +21,6 @@ production), "heuristic" (always the ranking model's first choice), "off" (torch
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -222,9 +221,8 @@ class Dispatcher:
         stream = None
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
-        stride = tuple(math.prod(p.out_shape[i + 1 :]) for i in range(len(p.out_shape)))
         return Plan(
-            kernel.launcher, args, config, p.out_shape, stride, p.out_dtype, p.device, stream
+            kernel.launcher, args, config, p.out_shape, p.out_stride, p.out_dtype, p.device, stream
         )
 
     def _kernels(self, problem: GemmProblem):

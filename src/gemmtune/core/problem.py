@@ -17,6 +17,7 @@ Two kinds of trouble are kept apart:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,11 @@ def _major_of(rows: int, cols: int, row_stride: int, col_stride: int) -> str | N
     if rows <= 1:
         return "col"
     return None
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a row-major (C-contiguous) tensor of `shape`."""
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,11 @@ class GemmProblem:
     @property
     def out_shape(self) -> tuple[int, ...]:
         return (self.l, self.m, self.n) if self.batched else (self.m, self.n)
+
+    @property
+    def out_stride(self) -> tuple[int, ...]:
+        """The strides of a contiguous output, as tuned_gemm allocates one."""
+        return contiguous_strides(self.out_shape)
 
     @classmethod
     def from_tensors(
@@ -294,7 +305,7 @@ class GemmProblem:
             reasons.append(FallbackReason("zero_size", f"empty problem m={m} n={n} k={k} l={l}"))
 
         if out is None:  # tuned_gemm allocates it contiguous, at an aligned address
-            stride = (m * n, n, 1) if batched else (n, 1)
+            stride = contiguous_strides(expected_shape)
             out = Operand(expected_shape, stride, out_dtype, a.device, 0)
         majors = {
             name: _major_of(rows, cols, *op.stride[-2:])
