@@ -38,8 +38,10 @@ def _(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) ->
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    default = torch.int32 if a.dtype == torch.int8 else a.dtype
-    return a.new_empty((*batch, a.shape[-2], b.shape[-1]), dtype=out_dtype or default)
+    from gemmtune.core.problem import default_out_dtype
+
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    return a.new_empty(shape, dtype=out_dtype or default_out_dtype(a.dtype))
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -38,12 +38,6 @@ KERNEL_OUTPUTS = ("bf16", "fp16", "fp32", "int32")
 EIGHT_BIT = ("int8",)
 
 
-def default_output(name: str) -> str:
-    """What a product of two `name` inputs is written as without an out_dtype: the input type,
-    or int32 for int8 (exact)."""
-    return OUTPUTS_OF[name][0] if name in EIGHT_BIT else name
-
-
 def name_of(dtype: Any) -> str | None:
     """The short name of a torch dtype ("bf16" for torch.bfloat16), or None for one gemmtune
     does not name."""

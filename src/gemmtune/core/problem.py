@@ -67,6 +67,12 @@ def _major_of(rows: int, cols: int, row_stride: int, col_stride: int) -> str | N
     return None
 
 
+def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What `a @ b` of `dtype` inputs is written as without an out_dtype: the input type, or
+    int32 for int8 (exact, as torch._int_mm writes it)."""
+    return torch.int32 if dtype == torch.int8 else dtype
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The strides of a row-major (C-contiguous) tensor of `shape`."""
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
@@ -226,7 +232,7 @@ class GemmProblem:
 
         a = operand(m, k, layout[0] == "n", dtype)
         b = operand(k, n, layout[1] == "t", dtype)
-        out_dtype = out_dtype or dtypes.torch_dtype(dtypes.default_output(dtypes.label(dtype)))
+        out_dtype = out_dtype or default_out_dtype(dtype)
         out = operand(m, n, out_major == "m", out_dtype)
         return cls.from_operands(a, b, out, arch=arch)
 
@@ -285,7 +291,7 @@ class GemmProblem:
             if out.dtype not in all_output_dtypes:
                 raise TypeError(f"out has dtype {out.dtype}; use {allowed}")
             out_dtype = out.dtype
-        out_dtype = out_dtype or (torch.int32 if integer else a.dtype)
+        out_dtype = out_dtype or default_out_dtype(a.dtype)
 
         if arch is None:
             arch = arch_of(a.device.index or 0)
@@ -365,14 +371,9 @@ def fallback_matmul(
 ) -> torch.Tensor:
     """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included); int8
     products through `integer_matmul`."""
-    if a.dtype == torch.int8:
-        result = integer_matmul(a, b)
-        if out is None:
-            return result
-        out.copy_(result)
-        return out
-    result = torch.matmul(a, b)
-    want = out.dtype if out is not None else (out_dtype or a.dtype)
+    # int8 products are int32, the one output they have
+    result = integer_matmul(a, b) if a.dtype == torch.int8 else torch.matmul(a, b)
+    want = out.dtype if out is not None else (out_dtype or result.dtype)
     if result.dtype != want:
         # torch.matmul accumulates in fp32 and rounds to the input dtype; a wider output should
         # not inherit that rounding, so recompute in the output's precision.
