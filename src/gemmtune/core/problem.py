@@ -26,8 +26,11 @@ from gemmtune.core import dtypes
 from gemmtune.core.device import Arch, arch_of, device_info
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
 
-#: Input dtypes our kernels multiply (A and B must match), and the output dtypes they write.
+#: Input dtypes our kernels multiply (A and B match, or are two fp8 types), and the output
+#: dtypes they write.
 KERNEL_INPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_INPUTS))
+FP8_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.FP8))
+EIGHT_BIT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.EIGHT_BIT))
 KERNEL_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.KERNEL_OUTPUTS))
 #: Floating dtypes torch.matmul multiplies on a GPU that we hand back to it.
 FALLBACK_INPUT_DTYPES = (torch.float32, torch.float64)
@@ -37,6 +40,8 @@ INT8_OUTPUT_DTYPES = (torch.int32,)
 INT_MM_MIN_ROWS = 17
 #: What a product of floating inputs may be written as
 FLOAT_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: What a product of fp8 inputs may be written as
+FP8_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,11 @@ def _major_of(rows: int, cols: int, row_stride: int, col_stride: int) -> str | N
 
 
 def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What `a @ b` of `dtype` inputs is written as without an out_dtype: the input type, or
-    int32 for int8 (exact, as torch._int_mm writes it)."""
-    return torch.int32 if dtype == torch.int8 else dtype
+    """What `a @ b` of `dtype` inputs is written as without an out_dtype: the input type,
+    int32 for int8 (exact, as torch._int_mm writes it), bf16 for fp8."""
+    if dtype == torch.int8:
+        return torch.int32
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -128,8 +135,9 @@ class Operand:
             raise ValueError(f"{name} is on {self.device}; gemmtune multiplies CUDA tensors")
         if self.dtype not in KERNEL_INPUT_DTYPES + FALLBACK_INPUT_DTYPES:
             raise TypeError(
-                f"{name} has dtype {self.dtype}; gemmtune multiplies bfloat16, float16 and int8 "
-                "tensors on its kernels, float32 and float64 through torch.matmul"
+                f"{name} has dtype {self.dtype}; gemmtune multiplies bfloat16, float16, int8 and "
+                "fp8 (float8_e4m3fn, float8_e5m2) tensors on its kernels, float32 and float64 "
+                "through torch.matmul"
             )
 
 
@@ -151,6 +159,9 @@ class GemmProblem:
     device: torch.device
     arch: Arch
     fallback_reasons: tuple[FallbackReason, ...] = field(default=())
+    #: fp8 only: how the product is scaled, "tensor" or "row" (`dtypes.SCALINGS`); a
+    #: product without scales (tuned_gemm's) is scaled by one per tensor
+    scaling: str = ""
 
     @property
     def supported(self) -> bool:
@@ -189,13 +200,16 @@ class GemmProblem:
         b: torch.Tensor,
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
+        scaling: str | None = None,
     ) -> GemmProblem:
-        """Describe `a @ b` (written into `out` when given); raise for calls that are wrong."""
+        """Describe `a @ b` (written into `out` when given); raise for calls that are wrong.
+        `scaling` is an fp8 product's ("tensor" where not given)."""
         return cls.from_operands(
             Operand.of(a, "a"),
             Operand.of(b, "b"),
             None if out is None else Operand.of(out, "out"),
             out_dtype,
+            scaling=scaling,
         )
 
     @classmethod
@@ -212,10 +226,13 @@ class GemmProblem:
         out_major: str = "n",
         device: torch.device | int | str = "cuda",
         arch: Arch | None = None,
+        b_dtype: torch.dtype | None = None,
+        scaling: str | None = None,
     ) -> GemmProblem:
         """The problem of `a @ b` for dense tensors of these sizes, without the tensors (to tune
         ahead of time): `layout` names A then B, "t" for K-major (row-major a @ b is "tn"),
-        `out_major` "n" for a row-major output; `l` makes it a batch of `l` products."""
+        `out_major` "n" for a row-major output; `l` makes it a batch of `l` products; `b_dtype`
+        is B's type where it differs from `dtype` (fp8), `scaling` an fp8 product's."""
         if len(layout) != 2 or set(layout) - {"t", "n"}:
             raise ValueError(f"layout {layout!r}: use tn, nn, nt or tt (A then B, t = K-major)")
         if out_major not in ("n", "m"):
@@ -231,10 +248,10 @@ class GemmProblem:
             return Operand((*lead, rows, cols), (*batch, *stride), dt, device, 1 << 20)
 
         a = operand(m, k, layout[0] == "n", dtype)
-        b = operand(k, n, layout[1] == "t", dtype)
+        b = operand(k, n, layout[1] == "t", b_dtype or dtype)
         out_dtype = out_dtype or default_out_dtype(dtype)
         out = operand(m, n, out_major == "m", out_dtype)
-        return cls.from_operands(a, b, out, arch=arch)
+        return cls.from_operands(a, b, out, arch=arch, scaling=scaling)
 
     @classmethod
     def from_operands(
@@ -244,14 +261,24 @@ class GemmProblem:
         out: Operand | None = None,
         out_dtype: torch.dtype | None = None,
         arch: Arch | None = None,
+        scaling: str | None = None,
     ) -> GemmProblem:
         """`from_tensors` on tensor descriptions; `arch` overrides the device's (for tests)."""
         a.check("a")
         b.check("b")
         if a.device != b.device:
             raise ValueError(f"a is on {a.device} but b is on {b.device}; they must share a GPU")
-        if a.dtype != b.dtype:
-            raise TypeError(f"a has dtype {a.dtype} but b has {b.dtype}; they must match")
+        fp8 = a.dtype in FP8_DTYPES
+        if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):
+            raise TypeError(
+                f"a has dtype {a.dtype} but b has {b.dtype}; they must match (or be two fp8 types)"
+            )
+        if fp8:
+            scaling = scaling or "tensor"
+            if scaling not in dtypes.SCALINGS:
+                raise ValueError(f"scaling {scaling!r}: use one of {', '.join(dtypes.SCALINGS)}")
+        elif scaling:
+            raise ValueError(f"scaling {scaling!r} is for fp8 inputs; a and b are {a.dtype}")
         k = a.shape[-1]
         if b.shape[-2] != k:
             raise ValueError(
@@ -278,6 +305,8 @@ class GemmProblem:
         integer = a.dtype == torch.int8
         all_output_dtypes = INT8_OUTPUT_DTYPES if integer else FLOAT_OUTPUT_DTYPES
         allowed = "int32 for int8 inputs" if integer else "bfloat16, float16 or float32"
+        if fp8:
+            all_output_dtypes = FP8_OUTPUT_DTYPES
         if out_dtype is not None and out_dtype not in all_output_dtypes:
             raise TypeError(f"out_dtype {out_dtype} is not supported; use {allowed}")
         expected_shape = (l, m, n) if batched else (m, n)
@@ -303,8 +332,10 @@ class GemmProblem:
             )
         if a.dtype not in KERNEL_INPUT_DTYPES:
             reasons.append(
-                FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16, fp16, int8")
+                FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16, fp16, int8, fp8")
             )
+        if fp8 and arch is not Arch.SM90:
+            reasons.append(FallbackReason("dtype", "fp8 products run on the Hopper kernel only"))
         if out_dtype not in KERNEL_OUTPUT_DTYPES:
             reasons.append(FallbackReason("dtype", f"kernels do not write {out_dtype} output"))
         if 0 in (m, n, k, l):
@@ -329,7 +360,8 @@ class GemmProblem:
         a_major = {"row": "k", "col": "m"}.get(majors["a"])
         b_major = {"row": "n", "col": "k"}.get(majors["b"])
         out_major = {"row": "n", "col": "m"}.get(majors["out"])
-        if integer and (a_major, b_major) != ("k", "k") and None not in (a_major, b_major):
+        eight_bit = a.dtype in EIGHT_BIT_DTYPES
+        if eight_bit and (a_major, b_major) != ("k", "k") and None not in (a_major, b_major):
             reasons.append(
                 FallbackReason(
                     "layout",
@@ -353,6 +385,7 @@ class GemmProblem:
             device=a.device,
             arch=arch,
             fallback_reasons=tuple(reasons),
+            scaling=scaling or "",
         )
 
 
@@ -370,10 +403,14 @@ def fallback_matmul(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`a @ b` through torch.matmul, honouring `out` and `out_dtype` (zero-size included); int8
-    products through `integer_matmul`."""
-    # int8 products are int32, the one output they have
-    result = integer_matmul(a, b) if a.dtype == torch.int8 else torch.matmul(a, b)
-    want = out.dtype if out is not None else (out_dtype or result.dtype)
+    products through `integer_matmul`, fp8 ones (unscaled) in float32."""
+    want = out.dtype if out is not None else (out_dtype or default_out_dtype(a.dtype))
+    if a.dtype in FP8_DTYPES:  # CUDA's matmul has no fp8 kernels; fp8 values are exact in fp32
+        result = torch.matmul(a.float(), b.float()).to(want)
+    elif a.dtype == torch.int8:  # int8 products are int32, the one output they have
+        result = integer_matmul(a, b)
+    else:
+        result = torch.matmul(a, b)
     if result.dtype != want:
         # torch.matmul accumulates in fp32 and rounds to the input dtype; a wider output should
         # not inherit that rounding, so recompute in the output's precision.

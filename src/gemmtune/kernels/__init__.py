@@ -24,8 +24,6 @@ def serve_reason(
         return why
     if problem.arch.value != config.arch:
         return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
-    if problem.a_dtype != problem.b_dtype or dtypes.name_of(problem.a_dtype) not in (
-        dtypes.KERNEL_INPUTS
-    ):
-        return f"A and B must share one of {', '.join(dtypes.KERNEL_INPUTS)}"
+    if not dtypes.inputs_pair(dtypes.name_of(problem.a_dtype), dtypes.name_of(problem.b_dtype)):
+        return f"A and B must share one of {', '.join(dtypes.KERNEL_INPUTS)}, or be two fp8 types"
     return None

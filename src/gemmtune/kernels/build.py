@@ -173,7 +173,7 @@ def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, 
 
 def fake_arguments(signature: KernelSignature) -> tuple:
     """Fake (a, b, out, workspace, counters) for `signature`, sharing the symbolic M, N, K and L
-    between a, b and out."""
+    between a, b and out; a scaled signature's scales follow out (1-D fp32 of any length)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -182,18 +182,24 @@ def fake_arguments(signature: KernelSignature) -> tuple:
 
     m, n, k = (cute.sym_int64(symbol=s) for s in "mnk")
     l = cute.sym_int64(symbol="l")
-    ab = types[signature.ab_dtype]
     ab_align = dtypes.ALIGNMENT_BYTES // dtypes.itemsize(signature.ab_dtype)
     out_align = dtypes.ALIGNMENT_BYTES // signature.out_bytes
-    a = _fake_operand(ab, m, k, l, signature.a_major == "m", signature.batched, ab_align)
-    b = _fake_operand(ab, k, n, l, signature.b_major == "k", signature.batched, ab_align)
+    a_type, b_type = types[signature.ab_dtype], types[signature.b_input]
+    a = _fake_operand(a_type, m, k, l, signature.a_major == "m", signature.batched, ab_align)
+    b = _fake_operand(b_type, k, n, l, signature.b_major == "k", signature.batched, ab_align)
     out_dtype = types[signature.out_dtype]
     c = _fake_operand(out_dtype, m, n, l, signature.out_major == "m", signature.batched, out_align)
     workspace = make_fake_compact_tensor(
         cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
     )
     counters = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int64(),), assumed_align=16)
-    return a, b, c, workspace, counters
+    if not signature.scaling:
+        return a, b, c, workspace, counters
+    scales = [
+        make_fake_compact_tensor(cutlass.Float32, (cute.sym_int64(),), assumed_align=4)
+        for _ in "ab"
+    ]
+    return a, b, c, *scales, workspace, counters
 
 
 def compile_gemm(
@@ -227,7 +233,8 @@ def compile_gemm(
         if keep:
             options += f" --dump-dir {dump}"
         runtime = (cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
-        function = cute.compile(gemm, *fakes, *runtime, stream, options=options)
+        entry = gemm.scaled if signature.scaling else gemm
+        function = cute.compile(entry, *fakes, *runtime, stream, options=options)
         ptx = function.__ptx__ if "ptx" in keep else None
         sass = function.__sass__ if "sass" in keep else None
     elapsed = time.perf_counter() - start
@@ -238,7 +245,7 @@ def compile_gemm(
 #: Per architecture: the PTX of its MMA, and its SASS (Hopper's HGMMA, IGMMA for int8;
 #: Blackwell's tcgen05 MMA as UTCHMMA and kin, UTCHMMA.2CTA for the pair's `cta_group::2` form).
 MMA_INSTRUCTIONS = {
-    "sm_90": ("wgmma.mma_async", r"\b[HI]GMMA\b"),
+    "sm_90": ("wgmma.mma_async", r"\b[HIQ]GMMA\b"),
     "sm_100": ("tcgen05.mma", r"\bUTC\w*MMA\w*\b"),
 }
 #: The SASS of a 2-CTA MMA (`cta_group::2`)

@@ -17,6 +17,8 @@ DSL_DTYPES = {
     "fp32": cutlass.Float32,
     "int8": cutlass.Int8,
     "int32": cutlass.Int32,
+    "e4m3": cutlass.Float8E4M3FN,
+    "e5m2": cutlass.Float8E5M2,
 }
 
 

@@ -1,7 +1,9 @@
 """`KernelSignature`: what a compiled kernel is specialised for besides its `GemmConfig`.
 
 One binary serves every M, N, K and L; it is specific to the dtypes, to which mode of each
-operand is contiguous, and to whether the tensors carry a batch dimension (rank 2 or 3).
+operand is contiguous, to whether the tensors carry a batch dimension (rank 2 or 3), and for
+fp8 to how the product is scaled (a binary of a scaled signature takes two more tensors, the
+scales, after a, b and out).
 """
 
 from __future__ import annotations
@@ -25,19 +27,34 @@ _SWAPPED_OUT_MAJOR = {"n": "m", "m": "n"}
 
 @dataclass(frozen=True)
 class KernelSignature:
-    """Dtypes (by short name), majors and rank of the tensors a kernel is compiled for."""
+    """Dtypes (by short name), majors and rank of the tensors a kernel is compiled for, and
+    the scaling of an fp8 product."""
 
-    ab_dtype: str = "bf16"  # A and B share it
+    ab_dtype: str = "bf16"  # A's, and B's unless `b_dtype` names another
     out_dtype: str = "bf16"
     a_major: str = "k"  # "k" | "m"
     b_major: str = "n"  # "k" | "n"
     out_major: str = "n"  # "n" | "m"
     batched: bool = False
+    b_dtype: str = ""  # B's where it differs from A's (fp8: e4m3 with e5m2)
+    scaling: str = ""  # fp8 only: "tensor" | "row" (`dtypes.SCALINGS`)
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
             inputs = ", ".join(dtypes.KERNEL_INPUTS)
             raise ValueError(f"ab_dtype={self.ab_dtype!r}: kernels take {inputs} inputs")
+        if self.b_dtype and (
+            self.b_dtype == self.ab_dtype or not dtypes.inputs_pair(self.ab_dtype, self.b_dtype)
+        ):
+            raise ValueError(
+                f"b_dtype={self.b_dtype!r}: only two different fp8 types mix, and b_dtype is "
+                "left empty where B's type is A's"
+            )
+        if not (self.scaling in dtypes.SCALINGS if self.fp8 else self.scaling == ""):
+            raise ValueError(
+                f"scaling={self.scaling!r}: fp8 products are scaled by one of "
+                f"{', '.join(dtypes.SCALINGS)}, other products not at all"
+            )
         outputs = dtypes.OUTPUTS_OF[self.ab_dtype]
         if self.out_dtype not in outputs:
             raise ValueError(
@@ -55,19 +72,31 @@ class KernelSignature:
         return self.ab_dtype in dtypes.EIGHT_BIT
 
     @property
+    def fp8(self) -> bool:
+        return self.ab_dtype in dtypes.FP8
+
+    @property
+    def b_input(self) -> str:
+        """B's type."""
+        return self.b_dtype or self.ab_dtype
+
+    @property
     def ab_bytes(self) -> int:
         return dtypes.itemsize(self.ab_dtype)
 
     @classmethod
     def of(cls, problem: GemmProblem) -> KernelSignature:
         """The signature a supported problem needs."""
+        a_dtype, b_dtype = dtypes.name_of(problem.a_dtype), dtypes.name_of(problem.b_dtype)
         return cls(
-            ab_dtype=dtypes.name_of(problem.a_dtype),
+            ab_dtype=a_dtype,
             out_dtype=dtypes.name_of(problem.out_dtype),
             a_major=problem.a_major or "k",
             b_major=problem.b_major or "n",
             out_major=problem.out_major or "n",
             batched=problem.batched,
+            b_dtype="" if b_dtype == a_dtype else b_dtype,
+            scaling=problem.scaling,
         )
 
     def swapped(self) -> KernelSignature:
@@ -75,6 +104,8 @@ class KernelSignature:
         config's binary is compiled for."""
         return dataclasses.replace(
             self,
+            ab_dtype=self.b_input,
+            b_dtype=self.ab_dtype if self.b_dtype else "",
             a_major=_SWAPPED_A_MAJOR[self.b_major],
             b_major=_SWAPPED_B_MAJOR[self.a_major],
             out_major=_SWAPPED_OUT_MAJOR[self.out_major],
@@ -83,6 +114,10 @@ class KernelSignature:
     @property
     def ab_torch_dtype(self) -> Any:
         return dtypes.torch_dtype(self.ab_dtype)
+
+    @property
+    def b_torch_dtype(self) -> Any:
+        return dtypes.torch_dtype(self.b_input)
 
     @property
     def out_torch_dtype(self) -> Any:
@@ -94,7 +129,10 @@ class KernelSignature:
 
     @property
     def key(self) -> str:
-        """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out)."""
+        """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out), with
+        fp8's types and scaling: `e4m3xe5m2_bf16_ak_bk_on_2d_row`."""
         rank = "3d" if self.batched else "2d"
         majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
-        return f"{self.ab_dtype}_{self.out_dtype}_{majors}_{rank}"
+        inputs = f"{self.ab_dtype}x{self.b_dtype}" if self.b_dtype else self.ab_dtype
+        scaling = f"_{self.scaling}" if self.scaling else ""
+        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}"

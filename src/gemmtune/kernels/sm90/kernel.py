@@ -9,7 +9,8 @@ consumers) and two consumer warpgroups issuing WGMMA (three for 192-row tiles).
   other's mainloop.
 
 Tensors arrive in torch's order and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L)
-at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched.
+at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched. A scaled (fp8)
+signature's binary is compiled from `scaled`, which takes the scales after a, b and out.
 """
 
 import cuda.bindings.driver as cuda
@@ -35,6 +36,7 @@ from gemmtune.kernels.reduction import (
     publish_partial,
     reduce_share,
 )
+from gemmtune.kernels.scaling import scale_accumulators
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
@@ -65,7 +67,10 @@ class HopperGemm:
         self.ab_stages, self.epi_stages = plan.ab_stages, plan.epi_stages
         self.epi_group = plan.epi_group
         self.epi_tile = rules.epi_tile(config)
-        self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
+        self.a_dtype = DSL_DTYPES[signature.ab_dtype]
+        self.b_dtype = DSL_DTYPES[signature.b_input]
+        self.applies_scales = bool(signature.scaling)
+        self.per_row = signature.scaling == "row"
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
         self.acc_dtype = accumulator_dtype(signature)
         self.a_layout, self.b_layout, self.c_layout = operand_layouts(signature)
@@ -84,8 +89,8 @@ class HopperGemm:
     def _tiled_mma(self) -> cute.TiledMma:
         atoms = (self.consumers, 1, 1) if self.cooperative else (1, 1, 1)
         return sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype,
-            self.ab_dtype,
+            self.a_dtype,
+            self.b_dtype,
             self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(),
             self.acc_dtype,
@@ -107,14 +112,60 @@ class HopperGemm:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
+        self.launch(
+            a, b, c, None, None, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def scaled(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        scale_a: cute.Tensor,
+        scale_b: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        """The entry of a scaled (fp8) signature: `scale_a` and `scale_b` are 1-D fp32, one
+        element each ("tensor" scaling) or one per row of a and per column of b ("row")."""
+        self.launch(
+            a, b, c, scale_a, scale_b, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream,
+        )  # fmt: skip
+
+    def launch(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        scale_a: cute.Tensor | None,
+        scale_b: cute.Tensor | None,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        """Traced by both entries: build the TMA atoms, the schedule and the launch."""
         mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
+        # the kernel's rows are b's columns in a swapped binary, and its columns a's rows
+        row_scale, col_scale = (scale_b, scale_a) if self.config.swap_ab else (scale_a, scale_b)
         tiled_mma = self._tiled_mma()
         tile_m, tile_n, tile_k = self.tile_shape_mnk
         a_smem = sm90_utils.make_smem_layout_a(
-            self.a_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
+            self.a_layout, self.tile_shape_mnk, self.a_dtype, self.ab_stages
         )
         b_smem = sm90_utils.make_smem_layout_b(
-            self.b_layout, self.tile_shape_mnk, self.ab_dtype, self.ab_stages
+            self.b_layout, self.tile_shape_mnk, self.b_dtype, self.ab_stages
         )
         a_op = cpasync.CopyBulkTensorTileG2SOp()
         if cutlass.const_expr(self.mcast_a > 1):
@@ -169,6 +220,8 @@ class HopperGemm:
             store_atom,
             store_target,
             mC,
+            row_scale,
+            col_scale,
             workspace,
             counters,
             tiled_mma,
@@ -203,6 +256,8 @@ class HopperGemm:
         store_atom: cute.CopyAtom,
         store_target: cute.Tensor,
         mC: cute.Tensor,
+        row_scale: cute.Tensor | None,
+        col_scale: cute.Tensor | None,
         workspace: cute.Tensor,
         counters: cute.Tensor,
         tiled_mma: cute.TiledMma,
@@ -235,10 +290,10 @@ class HopperGemm:
 
         # --- shared memory and the A/B pipeline ------------------------------------------
         smem = SmemAllocator()
-        sA = smem.allocate_tensor(self.ab_dtype, a_smem.outer, 1024, swizzle=a_smem.inner)
-        sB = smem.allocate_tensor(self.ab_dtype, b_smem.outer, 1024, swizzle=b_smem.inner)
-        a_stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(a_smem, (None, None, 0)))
-        b_stage_bytes = cute.size_in_bytes(self.ab_dtype, cute.slice_(b_smem, (None, None, 0)))
+        sA = smem.allocate_tensor(self.a_dtype, a_smem.outer, 1024, swizzle=a_smem.inner)
+        sB = smem.allocate_tensor(self.b_dtype, b_smem.outer, 1024, swizzle=b_smem.inner)
+        a_stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem, (None, None, 0)))
+        b_stage_bytes = cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem, (None, None, 0)))
         mcast_size = self.mcast_a + self.mcast_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             num_stages=self.ab_stages,
@@ -335,6 +390,8 @@ class HopperGemm:
                 store_atom,
                 store_target,
                 mC,
+                row_scale,
+                col_scale,
                 workspace,
                 counters,
                 tidx,
@@ -356,6 +413,8 @@ class HopperGemm:
         store_atom: cute.CopyAtom,
         store_target: cute.Tensor,
         mC: cute.Tensor,
+        row_scale: cute.Tensor | None,
+        col_scale: cute.Tensor | None,
         workspace: cute.Tensor,
         counters: cute.Tensor,
         tidx: Int32,
@@ -420,7 +479,7 @@ class HopperGemm:
                 barrier_id,
                 self.out_dtype,
             )
-        if cutlass.const_expr(not self.config.tma_store or self.scatters):
+        if cutlass.const_expr(not self.config.tma_store or self.scatters or self.per_row):
             coords = cute.local_tile(
                 cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
             )
@@ -472,6 +531,21 @@ class HopperGemm:
                         barrier_id=EPILOGUE_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
                 mainloop.drain(ab_pipeline, release_state)
+                if cutlass.const_expr(self.applies_scales):
+                    # scaling is linear: each split's partial is scaled before the reduction
+                    tile_coords = None
+                    if cutlass.const_expr(self.per_row):
+                        tile_coords = thr_mma.partition_C(
+                            coords[(None, None, tile_m_idx, tile_n_idx, batch)]
+                        )
+                    scale_accumulators(
+                        accumulators,
+                        tile_coords,
+                        row_scale,
+                        col_scale,
+                        (mC.shape[0], mC.shape[1]),
+                        self.per_row,
+                    )
                 final = True
                 if cutlass.const_expr(self.shares_tiles):
                     if segments > 1:
