@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "tuned_gemm": "gemmtune.api.dispatch",
     "int_mm": "gemmtune.api.dispatch",
+    "scaled_mm": "gemmtune.api.dispatch",
     "plan": "gemmtune.api.dispatch",
     "pretune": "gemmtune.api.pretune",
     "autotune": "gemmtune.tuning.autotune",
@@ -45,6 +46,7 @@ __all__ = [
     "int_mm",
     "plan",
     "pretune",
+    "scaled_mm",
     "start_workers",
     "tune",
     "tuned_gemm",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gemmtune.api.dispatch import int_mm, plan, tuned_gemm
+    from gemmtune.api.dispatch import int_mm, plan, scaled_mm, tuned_gemm
     from gemmtune.api.inductor import InductorPass, install_inductor_pass
     from gemmtune.api.pretune import pretune
     from gemmtune.api.torch_ops import TunedLinear, use_tuned_linear

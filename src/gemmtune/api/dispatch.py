@@ -26,12 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import tvm_ffi  # noqa: F401  our kernels' launch runtime: loaded with gemmtune, not at a first call
+import tvm_ffi  # our kernels' launch runtime: loaded with gemmtune, not at a first call
 
 from gemmtune.api.choice import ConfigChooser
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
-from gemmtune.core.problem import FallbackReason, GemmProblem, fallback_matmul, integer_matmul
+from gemmtune.core.problem import (
+    FP8_DTYPES,
+    FP8_OUTPUT_DTYPES,
+    FallbackReason,
+    GemmProblem,
+    fallback_matmul,
+    integer_matmul,
+)
 from gemmtune.core.settings import MODE_ENV, MODES
 
 log = logging.getLogger(__name__)
@@ -76,9 +83,11 @@ def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None)
 def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
     """The narrowest torch function that computes `a @ b` for these ranks: torch.mm and
     torch.bmm skip torch.matmul's broadcasting logic, a measurable part of a small call. int8
-    goes to `integer_matmul` (torch._int_mm where it can)."""
+    goes to `integer_matmul` (torch._int_mm where it can), fp8 to float32 (`fallback_matmul`)."""
     if a.dtype == torch.int8:
         return integer_matmul
+    if a.dtype in FP8_DTYPES:
+        return fallback_matmul
     if a.dim() == b.dim() == 2:
         return torch.mm
     if a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0]:
@@ -149,6 +158,18 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
     return tuned_gemm
 
 
+UNIT_SCALES: dict[torch.device, tuple] = {}
+
+
+def unit_scales(device: torch.device) -> tuple:
+    """Scales of one for both operands, as a kernel takes them (TVM-FFI tensors): how
+    tuned_gemm runs an fp8 product, which has no scales."""
+    if device not in UNIT_SCALES:
+        one = tvm_ffi.from_dlpack(torch.ones(1, dtype=torch.float32, device=device))
+        UNIT_SCALES[device] = (one, one)
+    return UNIT_SCALES[device]
+
+
 class Dispatcher:
     """The state behind `tuned_gemm`: plans, kernels, and the chooser of configs."""
 
@@ -191,7 +212,8 @@ class Dispatcher:
         else:
             problem = GemmProblem.from_tensors(a, b, out, out_dtype)
             if problem.supported:
-                plan = self._kernel_plan(problem, resolved)
+                scales = unit_scales(a.device) if problem.scaling else ()
+                plan = self._kernel_plan(problem, resolved, scales)
             else:
                 plan = Plan(None, (), None, reason=problem.fallback_reason)
                 reason = problem.fallback_reason
@@ -202,7 +224,9 @@ class Dispatcher:
         self.plans[key] = plan
         return plan
 
-    def _kernel_plan(self, problem: GemmProblem, mode: str) -> Plan:
+    def _kernel_plan(self, problem: GemmProblem, mode: str, scales: tuple = ()) -> Plan:
+        """The plan of a problem our kernels serve; a scaled (fp8) kernel's `scales` (TVM-FFI
+        tensors) are bound into its arguments, for tuned_gemm's unit scales."""
         from gemmtune.kernels.launch import launch_args
         from gemmtune.kernels.signature import KernelSignature
 
@@ -222,7 +246,14 @@ class Dispatcher:
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
         return Plan(
-            kernel.launcher, args, config, p.out_shape, p.out_stride, p.out_dtype, p.device, stream
+            kernel.launcher,
+            (*scales, *args),
+            config,
+            p.out_shape,
+            p.out_stride,
+            p.out_dtype,
+            p.device,
+            stream,
         )
 
     def _kernels(self, problem: GemmProblem):
@@ -242,7 +273,69 @@ class Dispatcher:
         from gemmtune.kernels.launch import launch_args
 
         batch = a.shape[0] if a.dim() == 3 else 1
-        return launch_args(plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch)
+        args = launch_args(plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch)
+        return (*plan.args[: len(plan.args) - len(args)], *args)  # a plan's bound scales first
+
+    def scaled(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        scale_a: torch.Tensor,
+        scale_b: torch.Tensor,
+        out_dtype: torch.dtype | None,
+    ) -> torch.Tensor:
+        """`torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True)`
+        by our kernels where they serve it. A call's first use of a tensor signature runs
+        torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
+        it; its plan serves the calls after."""
+        device = a.get_device()
+        key = (
+            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, device,
+            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype,
+        )  # fmt: skip
+        plan = self.plans.get(key)
+        if plan is None:
+            result = torch._scaled_mm(
+                a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True
+            )
+            self.plans[key] = self._scaled_plan(a, b, scale_a, scale_b, out_dtype)
+            return result
+        if (
+            plan.launcher is None
+            or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
+            or scale_a.get_device() != device
+            or scale_b.get_device() != device
+        ):
+            return torch._scaled_mm(
+                a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True
+            )
+        from gemmtune.kernels.launch import kernel_scales
+
+        out = torch.empty_strided(
+            plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
+        )
+        args = plan.args if plan.workspace_stream is None else self.stream_args(plan, a, b)
+        plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *args)
+        return out
+
+    def _scaled_plan(self, a, b, scale_a, scale_b, out_dtype) -> Plan:
+        """The plan of a scaled product torch has accepted: our kernel where one serves it."""
+        m, n = a.shape[0], b.shape[1]
+        if scale_a.numel() == 1 and scale_b.numel() == 1:
+            scaling = "tensor"
+        elif tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
+            scaling = "row"
+        else:
+            return Plan(None, (), None, reason="a scaling our kernels do not apply")
+        if out_dtype not in FP8_OUTPUT_DTYPES:
+            return Plan(None, (), None, reason=f"output {out_dtype}: kernels write 16/32-bit")
+        if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+            return Plan(None, (), None, reason="kernels read float32 scales")
+        resolved = resolve_mode(None)
+        problem = GemmProblem.from_tensors(a, b, None, out_dtype, scaling=scaling)
+        if resolved == "off" or not problem.supported:
+            return Plan(None, (), None, reason=problem.fallback_reason or "mode off")
+        return self._kernel_plan(problem, resolved)
 
     def tune(self, problem: GemmProblem, **options) -> object:
         """Tune `problem` now (whatever the cache holds), store the result for its bucket and
@@ -275,6 +368,42 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ):
         return torch._int_mm(a, b)
     return tuned_gemm(a, b)
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """`torch._scaled_mm`: `(a @ b) * scale_a * scale_b` of an fp8 (m, k) and (k, n) matrix (a
+    row-major, b column-major), scaled per tensor (one-element scales) or per row of a and
+    column of b ((m, 1) and (1, n) scales), written as `out_dtype`. Our kernels serve calls with
+    fast accumulation (`use_fast_accum=True`: fp32 accumulators, as the tensor cores keep them)
+    and a 16- or 32-bit output, without bias or `scale_result`; torch serves every other call,
+    and checks each call as it checks its own."""
+    if (
+        bias is not None
+        or scale_result is not None
+        or not use_fast_accum
+        or not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b))
+        or a.dtype not in FP8_DTYPES
+    ):
+        return torch._scaled_mm(
+            a,
+            b,
+            scale_a,
+            scale_b,
+            bias=bias,
+            scale_result=scale_result,
+            out_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
+        )
+    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype)
 
 
 def plan(

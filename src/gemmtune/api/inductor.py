@@ -6,11 +6,12 @@ gemmtune ops.
 
 After AOT autograd (forward and backward graphs alike), `InductorPass` rewrites the graph's
 `aten.mm`, `aten.bmm` and `aten.addmm` on CUDA bf16/fp16 tensors into `gemmtune::mm` (addmm:
-`gemmtune::mm` then the bias added, which Inductor fuses with what follows), and `aten._int_mm`
-on CUDA int8 into `gemmtune::int_mm`. Inductor calls the ops as opaque kernels; at run time
-they are `tuned_gemm` and `int_mm`, whose plans are made and cached per shape, and which hand
-what our kernels do not serve (a layout, an alignment) to torch. Scaled or weighted addmm
-(`alpha`, `beta` other than 1) and other dtypes stay Inductor's.
+`gemmtune::mm` then the bias added, which Inductor fuses with what follows), `aten._int_mm`
+on CUDA int8 into `gemmtune::int_mm`, and `aten._scaled_mm` on CUDA fp8 into
+`gemmtune::scaled_mm`. Inductor calls the ops as opaque kernels; at run time they are
+`tuned_gemm`, `int_mm` and `scaled_mm`, whose plans are made and cached per shape, and which
+hand what our kernels do not serve (a layout, an alignment, a bias) to torch. Scaled or
+weighted addmm (`alpha`, `beta` other than 1) and other dtypes stay Inductor's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 aten = torch.ops.aten
 #: input dtypes whose products the pass hands to `gemmtune::mm`
 FLOAT_INPUTS = (torch.bfloat16, torch.float16)
+#: input dtypes whose scaled products go to `gemmtune::scaled_mm` (A and B may differ)
+FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _fake(node: object) -> torch.Tensor | None:
@@ -28,26 +31,28 @@ def _fake(node: object) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _ours(a: object, b: object, dtypes: tuple[torch.dtype, ...]) -> bool:
+def _ours(a: object, b: object, dtypes: tuple[torch.dtype, ...], mixed: bool = False) -> bool:
     """Whether the product of the graph values `a` and `b` goes to a gemmtune op: CUDA tensors
-    of one of `dtypes`."""
+    of one of `dtypes`, the same one unless `mixed`."""
     fa, fb = _fake(a), _fake(b)
     return (
         fa is not None
         and fb is not None
         and fa.is_cuda
         and fb.is_cuda
-        and fa.dtype == fb.dtype
+        and (mixed or fa.dtype == fb.dtype)
         and fa.dtype in dtypes
+        and fb.dtype in dtypes
     )
 
 
 def rewrite_gemms(graph: torch.fx.Graph) -> int:
-    """Rewrite `graph`'s mm, bmm, addmm and _int_mm calls that gemmtune takes (see the module's
-    docstring); the number rewritten."""
+    """Rewrite `graph`'s mm, bmm, addmm, _int_mm and _scaled_mm calls that gemmtune takes (see
+    the module's docstring); the number rewritten."""
     import gemmtune.api.torch_ops  # noqa: F401  registers the gemmtune ops
 
     mm, int_mm = torch.ops.gemmtune.mm.default, torch.ops.gemmtune.int_mm.default
+    scaled_mm = torch.ops.gemmtune.scaled_mm.default
     rewritten = 0
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -59,6 +64,10 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
         elif node.target is aten._int_mm.default:
             if _ours(*node.args[:2], (torch.int8,)):
                 node.target = int_mm
+                rewritten += 1
+        elif node.target is aten._scaled_mm.default:
+            if _ours(*node.args[:2], FP8_INPUTS, mixed=True):
+                node.target = scaled_mm  # the same arguments: calls ours does not serve go on
                 rewritten += 1
         elif node.target is aten.addmm.default:
             bias, a, b = node.args[:3]

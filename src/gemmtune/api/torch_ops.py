@@ -1,5 +1,5 @@
-"""tuned_gemm inside torch: the custom ops `gemmtune::mm` and `gemmtune::int_mm`, and linear
-layers that use the first.
+"""tuned_gemm inside torch: the custom ops `gemmtune::mm`, `gemmtune::int_mm` and
+`gemmtune::scaled_mm`, and linear layers that use the first.
 
 `torch.ops.gemmtune.mm(a, b, out_dtype=None)` is `tuned_gemm(a, b, out_dtype=...)` as an
 opaque op: `torch.compile` traces it through its fake implementation (shapes and dtypes only)
@@ -18,12 +18,9 @@ from torch import nn
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
     if not (a.is_cuda and b.is_cuda):
-        if a.dtype == torch.int8:
-            from gemmtune.core.problem import integer_matmul
+        from gemmtune.core.problem import fallback_matmul
 
-            return integer_matmul(a, b)
-        out = torch.matmul(a, b)
-        return out if out_dtype is None else out.to(out_dtype)
+        return fallback_matmul(a, b, None, out_dtype)
     from gemmtune.api.dispatch import (
         tuned_gemm,  # the op is registered at `import gemmtune`, cheaply
     )
@@ -81,6 +78,43 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
+
+
+@torch.library.custom_op("gemmtune::scaled_mm", mutates_args=())
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """`torch._scaled_mm` by `gemmtune.scaled_mm`: fp8 (m, k) @ (k, n), scaled, as out_dtype."""
+    from gemmtune.api.dispatch import scaled_mm as tuned_scaled_mm
+
+    return tuned_scaled_mm(
+        a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum
+    )  # fmt: skip
+
+
+@scaled_mm.register_fake
+def _(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale_result: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError("gemmtune::scaled_mm takes two 2-D tensors, as torch._scaled_mm does")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or a.dtype)
 
 
 class TunedLinear(nn.Module):

@@ -444,3 +444,27 @@ def integer_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         else:
             return product if (rows, cols) == (m, n) else product[:m, :n].contiguous()
     return torch.matmul(a.double(), b.double()).to(torch.int32)
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """torch's scaled product of fp8 `a` and `b` as our kernels compute it (fp32 accumulators
+    without promotion): `torch._scaled_mm` with fast accumulation where it takes the call, else
+    the float32 product of the operands, scaled."""
+    try:
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True)
+    except RuntimeError:  # sizes or a scaling cuBLASLt refuses: float32 takes them
+        return scaled_reference(a, b, scale_a, scale_b).to(out_dtype)
+
+
+def scaled_reference(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
+) -> torch.Tensor:
+    """The float32 product of fp8 `a` and `b` scaled by `scale_a` (one element, or (m, 1)) and
+    `scale_b` (one element, or (1, n)): every fp8 value is exact in float32."""
+    return torch.matmul(a.float(), b.float()) * scale_a * scale_b

@@ -40,7 +40,8 @@ class CompiledGemm:
 
     Called as `kernel(a, b, out, workspace, counters, *runtime_args(config, device))`: torch
     tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
-    arguments (raster, swizzle, splits, grid limit) of any config that shares this binary.
+    arguments (raster, swizzle, splits, grid limit) of any config that shares this binary. A
+    scaled (fp8) signature's kernel takes its two scales after `out` (`launch.kernel_scales`).
     `signature` is the problem's: a `swap_ab` binary computes the transposed product, but it is
     called with the problem's own tensors and reads them transposed (`operands.kernel_operands`),
     so `launcher`, what callers invoke, is the compiled function itself.
@@ -57,19 +58,8 @@ class CompiledGemm:
     def __post_init__(self) -> None:
         self.launcher = self.function
 
-    def __call__(
-        self,
-        a,
-        b,
-        out,
-        workspace,
-        counters,
-        along_n: int,
-        swizzle: int,
-        splits: int,
-        max_active_clusters: int,
-    ) -> None:
-        self.launcher(a, b, out, workspace, counters, along_n, swizzle, splits, max_active_clusters)
+    def __call__(self, a, b, out, *args) -> None:
+        self.launcher(a, b, out, *args)
 
 
 def runtime_args(config: GemmConfig, device_index: int) -> tuple[int, int, int, int]:

@@ -86,6 +86,12 @@ def launch_args(
     return (tvm_ffi.from_dlpack(partials), tvm_ffi.from_dlpack(counters), *args)
 
 
+def kernel_scales(scales: tuple) -> tuple:
+    """The scales of a scaled (fp8) product as its kernel takes them: `torch._scaled_mm`'s
+    (one element each, or (m, 1) and (1, n)) as 1-D fp32 tensors; () stays ()."""
+    return tuple(s if s.dim() == 1 else s.reshape(-1) for s in scales)
+
+
 def launch(
     kernel: CompiledGemm,
     a: torch.Tensor,
@@ -93,11 +99,13 @@ def launch(
     out: torch.Tensor,
     config: GemmConfig | None = None,
     pool: WorkspacePool = WORKSPACES,
+    scales: tuple = (),
 ) -> None:
     """Run `kernel` on torch tensors with the runtime arguments of `config` (by default the
-    config it was compiled from), on torch's current stream."""
+    config it was compiled from), on torch's current stream; a scaled (fp8) kernel with
+    `scales` as `torch._scaled_mm` takes them."""
     batch = a.shape[0] if a.dim() == 3 else 1
     args = launch_args(
         config or kernel.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch, pool
     )
-    kernel(a, b, out, *args)
+    kernel(a, b, out, *kernel_scales(scales), *args)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from gemmtune.core.config import CUBLAS, GemmConfig
-from gemmtune.core.problem import integer_matmul
+from gemmtune.core.problem import integer_matmul, scaled_matmul, scaled_reference
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
 from gemmtune.measure.verify import check, poison
@@ -83,13 +83,13 @@ def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.
     lead = (spec.l,) if sig.batched else ()
     device = torch.device("cuda", spec.device_index)
 
-    def rand(rows: int, cols: int, column_major: bool) -> torch.Tensor:
+    def rand(rows: int, cols: int, column_major: bool, dtype: torch.dtype) -> torch.Tensor:
         shape = (*lead, cols, rows) if column_major else (*lead, rows, cols)
-        t = random_tensor(shape, sig.ab_torch_dtype, device, gen)
+        t = random_tensor(shape, dtype, device, gen)
         return t.transpose(-1, -2) if column_major else t
 
-    a = rand(spec.m, spec.k, sig.a_major == "m")
-    b = rand(spec.k, spec.n, sig.b_major == "k")
+    a = rand(spec.m, spec.k, sig.a_major == "m", sig.ab_torch_dtype)
+    b = rand(spec.k, spec.n, sig.b_major == "k", sig.b_torch_dtype)
     out_shape = (*lead, spec.n, spec.m) if sig.out_major == "m" else (*lead, spec.m, spec.n)
     out = torch.empty(out_shape, device=device, dtype=sig.out_torch_dtype)
     return a, b, out.transpose(-1, -2) if sig.out_major == "m" else out
@@ -101,24 +101,50 @@ def random_tensor(
     device: torch.device | str = "cuda",
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """The inputs every contender multiplies: `torch.randn`, or for int8 integers drawn
-    uniformly from all 256 values (small integers would make any kernel look faster)."""
+    """The inputs every contender multiplies: `torch.randn` (fp8: rounded to it), or for int8
+    integers drawn uniformly from all 256 values (small integers would make any kernel look
+    faster)."""
     if dtype == torch.int8:
         return torch.randint(-128, 128, shape, device=device, dtype=dtype, generator=generator)
+    if dtype.itemsize == 1:
+        return torch.randn(shape, device=device, generator=generator).to(dtype)
     return torch.randn(shape, device=device, dtype=dtype, generator=generator)
 
 
-def reference_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """What a candidate's output is checked against: a float32 product, exact int32 for int8."""
+def random_scales(
+    signature: KernelSignature, m: int, n: int, device, generator=None
+) -> tuple[torch.Tensor, ...]:
+    """Scales of a scaled (fp8) signature in the shapes `torch._scaled_mm` takes them: one
+    element each ("tensor"), or (m, 1) and (1, n) ("row"); drawn from [0.5, 1.5). None for
+    other signatures: ()."""
+    if not signature.scaling:
+        return ()
+    rows, cols = ((m, 1), (1, n)) if signature.scaling == "row" else ((), ())
+    return tuple(
+        torch.rand(shape, device=device, generator=generator) + 0.5 for shape in (rows, cols)
+    )
+
+
+def reference_product(a: torch.Tensor, b: torch.Tensor, scales: tuple = ()) -> torch.Tensor:
+    """What a candidate's output is checked against: a float32 product (fp8: scaled by
+    `scales`), exact int32 for int8."""
     if a.dtype == torch.int8:
         return integer_matmul(a, b)
+    if scales:
+        return scaled_reference(a, b, *scales)
     return torch.matmul(a.float(), b.float())
 
 
-def torch_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """torch's answer to `a @ b`, the contender ours must beat: torch.matmul (cuBLAS), or
-    torch._int_mm for int8."""
-    return integer_matmul(a, b) if a.dtype == torch.int8 else torch.matmul(a, b)
+def torch_product(
+    a: torch.Tensor, b: torch.Tensor, scales: tuple = (), out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """torch's answer to `a @ b`, the contender ours must beat: torch.matmul (cuBLAS),
+    torch._int_mm for int8, torch._scaled_mm for fp8 (with `scales` and `out_dtype`)."""
+    if a.dtype == torch.int8:
+        return integer_matmul(a, b)
+    if scales:
+        return scaled_matmul(a, b, *scales, out_dtype)
+    return torch.matmul(a, b)
 
 
 class GemmRunner:
@@ -128,7 +154,12 @@ class GemmRunner:
         torch.cuda.set_device(spec.device_index)
         self.spec = spec
         self.a, self.b, self.out = make_operands(spec)
-        self.reference = reference_product(self.a, self.b)
+        gen = torch.Generator(device=self.a.device).manual_seed(spec.seed + 1)
+        self.scales = random_scales(spec.signature, spec.m, spec.n, self.a.device, gen)
+        from gemmtune.kernels.launch import kernel_scales
+
+        self.kernel_scales = kernel_scales(self.scales)
+        self.reference = reference_product(self.a, self.b, self.scales)
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
         self.idle = IdleWarmup()
@@ -149,12 +180,12 @@ class GemmRunner:
         args = launch_args(config, self.a.device, s.m, s.n, s.k, s.l)
 
         def run() -> None:
-            kernel(self.a, self.b, self.out, *args)
+            kernel(self.a, self.b, self.out, *self.kernel_scales, *args)
 
         return run
 
     def _cublas(self) -> None:
-        torch_product(self.a, self.b)
+        torch_product(self.a, self.b, self.scales, self.out.dtype)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
         keys, runs = [], []
