@@ -12,8 +12,10 @@ ours_ms, above 1: gemmtune is faster.
     python -m benchmarks public --out-dir DIR [--dtype bf16 fp16 int8] [--layout kn|nk]
         [--shapes FILE]
 
-int8 is served by our kernels with `--layout nk` (`x @ w.t()`: 8-bit MMAs read both operands
-K-major); its contender is torch._int_mm and its inputs are uniform over the 256 values.
+int8 and fp8 (e4m3, e5m2) are served by our kernels with `--layout nk` (`x @ w.t()`: 8-bit
+MMAs read both operands K-major). int8's contender is torch._int_mm and its inputs are uniform
+over the 256 values; fp8's is torch._scaled_mm with fast accumulation and a bf16 output, scaled
+per tensor or per row and column (`--scaling`), against gemmtune.scaled_mm.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS, write_results
 from gemmtune.api.choice import CUBLAS_ENV
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
-from gemmtune.core.dtypes import KERNEL_INPUTS
+from gemmtune.core.dtypes import FP8, KERNEL_INPUTS, SCALINGS
 
 SUITE_HELP = "the public shape suite: tuned_gemm and our kernels alone against cuBLAS"
 
@@ -39,12 +41,18 @@ CONTENDERS = {"tuned_gemm": "1", "kernels": "0"}
 
 
 def bench_run(
-    dtype: str, cublas: str, shapes: Path | None, suite: str = "public", layout: str = "kn"
+    dtype: str,
+    cublas: str,
+    shapes: Path | None,
+    suite: str = "public",
+    layout: str = "kn",
+    scaling: str = "tensor",
 ) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
-    cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`."""
+    cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`
+    (`scaling`: an fp8 product's)."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
-    command += ["--layout", layout]
+    command += ["--layout", layout, "--scaling", scaling]
     command += ["--shapes", str(shapes)] if shapes is not None else ["--suite", suite]
     with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
         env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
@@ -76,6 +84,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--layout", default="kn", choices=list(B_LAYOUTS), help="b as x @ w (kn) or x @ w.t() (nk)"
     )
+    parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
@@ -83,7 +92,9 @@ def main(argv: list[str] | None = None) -> Path:
     rows, methods = [], set()
     for dtype in args.dtype:
         for contender, cublas in CONTENDERS.items():
-            document = bench_run(dtype, cublas, args.shapes, layout=args.layout)
+            document = bench_run(
+                dtype, cublas, args.shapes, layout=args.layout, scaling=args.scaling
+            )
             # the bench's method names the dtype; the dtypes are listed once below
             methods.add(document["method"].rsplit(";", 1)[0])
             for row in document["rows"]:
@@ -102,14 +113,21 @@ def main(argv: list[str] | None = None) -> Path:
         f"per dtype ({', '.join(args.dtype)}) two runs, each a new process with an empty cache "
         f"folder: contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the tuning's candidates) "
         f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
-        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype)}"
+        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling)}"
     )
-    return write_results("kernel", method, rows, args.out_dir, name="public")
+    name = "public" if not set(args.dtype) & set(FP8) else f"public-fp8-{args.scaling}"
+    return write_results("kernel", method, rows, args.out_dir, name=name)
 
 
-def input_kind(dtypes: list[str]) -> str:
+def input_kind(dtypes: list[str], scaling: str = "tensor") -> str:
     """How the suite's inputs were drawn, for a results file's method."""
     kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
+    if set(dtypes) & set(FP8):
+        kinds.append(
+            f"fp8 inputs torch.randn rounded to fp8, scales uniform in [0.5, 1.5) per {scaling}, "
+            "bf16 output; ours gemmtune.scaled_mm, contender torch._scaled_mm, both with "
+            "use_fast_accum=True"
+        )
     if "int8" in dtypes:
         kinds.append(
             "int8 inputs uniform over [-128, 127], torch._int_mm as the contender (on copies "

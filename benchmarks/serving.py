@@ -26,7 +26,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS, write_results
 from benchmarks.public import CONTENDERS, bench_run, describe, input_kind
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
-from gemmtune.core.dtypes import KERNEL_INPUTS
+from gemmtune.core.dtypes import FP8, KERNEL_INPUTS, SCALINGS
 
 SUITE_HELP = "the serving suite (decode, ragged, small-MN): our kernels and tuned_gemm vs cuBLAS"
 
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--only", default="", help="comma-separated kinds, shape names or name stems (l8b_down)"
     )
+    parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = selected(args.only)
@@ -94,7 +95,9 @@ def main(argv: list[str] | None = None) -> Path:
     for dtype in args.dtype:
         for layout in args.layout:
             for contender in args.contenders:
-                document = bench_run(dtype, CONTENDERS[contender], suite_file, layout=layout)
+                document = bench_run(
+                    dtype, CONTENDERS[contender], suite_file, layout=layout, scaling=args.scaling
+                )
                 methods.add(document["method"].rsplit(";", 1)[0])
                 for row in document["rows"]:
                     row.setdefault("dtype", dtype)
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"serving suite ({len(shapes)} shapes), per dtype ({', '.join(args.dtype)}), b layout "
         f"({', '.join(args.layout)}) and contender ({', '.join(args.contenders)}) a new process "
         f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; "
-        f"{input_kind(args.dtype)}"
+        f"{input_kind(args.dtype, args.scaling)}"
     )
-    return write_results("kernel", method, rows, args.out_dir, name="serving")
+    name = "serving" if not set(args.dtype) & set(FP8) else f"serving-fp8-{args.scaling}"
+    return write_results("kernel", method, rows, args.out_dir, name=name)

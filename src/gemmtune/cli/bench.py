@@ -3,12 +3,14 @@
 The suites ship with gemmtune (`SUITES`): "public", the shapes the project is judged on, and
 "serving", where LLM serving spends its GEMM time (decode batches against Llama-3 8B and 70B
 projections, ragged prefill and mid-size problems, small outputs over long K; each shape says
-where it comes from). Each shape: `torch.randn` operands (int8: uniform over its 256 values),
+where it comes from). Each shape: `torch.randn` operands (int8: uniform over its 256 values;
+fp8: rounded to it, with scales from [0.5, 1.5) per tensor or per row and column, `--scaling`),
 `b` row-major (K, N) as in `x @ w`,
 or the transpose of a row-major (N, K) weight as in a linear layer's `x @ w.t()` (`--layout
 nk`); one tuned_gemm call (which tunes its bucket in mode "tune"), a correctness check
 against a float32 reference (int8: the exact int32 product), then tuned_gemm and torch.matmul
-(int8: torch._int_mm) timed on the same tensors, each
+(int8: gemmtune.int_mm and torch._int_mm; fp8: gemmtune.scaled_mm and torch._scaled_mm, both
+with fast accumulation and a bf16 output) timed on the same tensors, each
 alone in windows of about 100 ms taken in turn three times (`time_in_windows`: each at the
 clocks its own power allows), L2 emptied by a read before every run. Each row also says how
 many bytes per second each moved (`gbps`: A and B read once, the output written once) and
@@ -32,7 +34,7 @@ import torch
 
 from gemmtune.cli import text
 from gemmtune.cli.text import NO_GPU, fail, fmt
-from gemmtune.core.dtypes import torch_dtype
+from gemmtune.core.dtypes import FP8, torch_dtype
 from gemmtune.core.versions import software
 from gemmtune.measure.timing import time_in_windows
 from gemmtune.measure.verify import check
@@ -64,13 +66,37 @@ def load_shape_suite(path: Path | str | None = None, suite: str = "public") -> l
     return shapes
 
 
-def plan_config(a, b, mode: str) -> str:
-    """The config tuned_gemm's plan for (a, b) uses: its key, or "cublas" for torch.matmul."""
+def plan_config(a, b, mode: str, scales: tuple = ()) -> str:
+    """The config tuned_gemm's plan for (a, b) uses (scaled_mm's, given `scales`): its key, or
+    "cublas" where torch serves."""
     from gemmtune.api.dispatch import DISPATCHER
     from gemmtune.core.config import CUBLAS
 
-    plan = DISPATCHER.plan(a, b, mode=mode)
+    if scales:
+        plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT)
+    else:
+        plan = DISPATCHER.plan(a, b, mode=mode)
     return CUBLAS if plan is None or plan.config is None else plan.config.key
+
+
+#: What the benchmark's fp8 products are written as
+FP8_OUT = torch.bfloat16
+
+
+def contenders(a, b, mode: str, scales: tuple) -> tuple:
+    """(ours, torch's) for `a @ b` as callables: tuned_gemm and torch.matmul, or for int8 the
+    product through tuned_gemm and torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and
+    torch._scaled_mm with fast accumulation."""
+    from gemmtune.api.dispatch import scaled_mm, tuned_gemm
+    from gemmtune.measure.runner import torch_product
+
+    if scales:
+        options = {"out_dtype": FP8_OUT, "use_fast_accum": True}
+        return (
+            functools.partial(scaled_mm, a, b, *scales, **options),
+            functools.partial(torch._scaled_mm, a, b, *scales, **options),
+        )
+    return functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch_product, a, b)
 
 
 # as triton's do_bench and the baselines: long enough for the GPU's clocks to follow the kernel
@@ -85,24 +111,29 @@ def compare_with_cublas(
     flush,
     b_layout: str = "kn",
     reference_gbps: float | None = None,
+    scaling: str = "tensor",
 ) -> dict:
-    """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape."""
-    from gemmtune.api.dispatch import tuned_gemm
+    """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape;
+    `scaling` is that of an fp8 product."""
+    from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
-    from gemmtune.measure.runner import random_tensor, reference_product, torch_product
+    from gemmtune.measure.runner import random_scales, random_tensor, reference_product
 
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = torch_dtype(dtype_name)
     a = random_tensor((m, k), dtype)
     b = random_tensor((n, k), dtype).t() if b_layout == "nk" else random_tensor((k, n), dtype)
-    tuned_gemm(a, b, mode=mode)  # tunes the shape's bucket in mode "tune"
-    ok, err = check(tuned_gemm(a, b, mode=mode), reference_product(a, b))
-    config = plan_config(a, b, mode)
+    scales = ()
+    if dtype_name in FP8:
+        signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling)
+        scales = random_scales(signature, m, n, a.device)
+    ours_call, torch_call = contenders(a, b, mode, scales)
+    ours_call()  # tunes the shape's bucket in mode "tune" (fp8: after torch's first answer)
+    ours_call()
+    ok, err = check(ours_call(), reference_product(a, b, scales), a.dtype)
+    config = plan_config(a, b, mode, scales)
     ours, cublas = time_in_windows(
-        [functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch_product, a, b)],
-        window_ms=WINDOW_MS,
-        max_runs=runs,
-        flush=flush,
+        [ours_call, torch_call], window_ms=WINDOW_MS, max_runs=runs, flush=flush
     )
     flops = 2 * m * n * k
     moved = gemm_bytes(m, n, k, a.element_size(), output_itemsize(a))
@@ -133,8 +164,10 @@ def compare_with_cublas(
 
 
 def output_itemsize(a) -> int:
-    """Bytes per element of what `a @ b` writes: a's, or int32's for int8."""
-    return 4 if a.dtype == torch.int8 else a.element_size()
+    """Bytes per element of what `a @ b` writes: a's, int32's for int8, bf16's for fp8."""
+    if a.dtype == torch.int8:
+        return 4
+    return FP8_OUT.itemsize if a.element_size() == 1 else a.element_size()
 
 
 def results_document(
@@ -209,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             row = compare_with_cublas(
                 shape, args.dtype, args.mode, args.runs, flush, args.layout,
-                bandwidth.reference_gbps,
+                bandwidth.reference_gbps, args.scaling,
             )  # fmt: skip
         except Exception as exc:  # one shape's failure must not lose the others
             failed += 1

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from gemmtune.cli import bench, doctor, pretune, results, tune
-from gemmtune.core.dtypes import KERNEL_INPUTS, KERNEL_OUTPUTS
+from gemmtune.core.dtypes import KERNEL_INPUTS, KERNEL_OUTPUTS, SCALINGS
 from gemmtune.core.settings import MODES
 
 LAYOUTS = ("tn", "nn", "nt", "tt")
@@ -199,7 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(bench.B_LAYOUTS),
         default="kn",
         help="b row-major (K, N), as in x @ w (kn, the default), or the transpose of a "
-        "row-major (N, K) weight, as in x @ w.t() (nk)",
+        "row-major (N, K) weight, as in x @ w.t() (nk; the layout int8 and fp8 need)",
+    )
+    p.add_argument(
+        "--scaling",
+        choices=list(SCALINGS),
+        default="tensor",
+        help="fp8 (e4m3, e5m2): scales per tensor (the default) or per row of a and column of b",
     )
     p.add_argument(
         "--mode",

@@ -214,7 +214,7 @@ class GemmRunner:
         poison(self.out)
         run()
         torch.cuda.synchronize()
-        ok, err = check(self.out, self.reference)
+        ok, err = check(self.out, self.reference, self.a.dtype)
         if not ok:
             return Measurement(
                 config.key, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
