@@ -3,10 +3,11 @@ slicing, offsets, `out` and `out_dtype`), drawn from a seed, and `make_tensors` 
 operands on any device, so the CPU tests check what the generator covers and the GPU test runs
 the same cases.
 
-int8 cases (exact int32 results) are drawn beside bf16 and fp16. Sizes mix the ones users meet
-(tile multiples, ragged, 1) with random ones from 1 to a few thousand; most contiguous extents
-are padded to a multiple of 8 elements so that enough cases reach our kernels (16-byte strides)
-rather than torch."""
+int8 cases (exact int32 results) and fp8 cases (e4m3, e5m2: tuned_gemm multiplies them with
+unit scales) are drawn beside bf16 and fp16. Sizes mix the ones users meet (tile multiples,
+ragged, 1) with random ones from 1 to a few thousand; most contiguous extents are padded to 16
+bytes so that enough cases reach our kernels rather than torch, and most 8-bit cases have the
+one layout 8-bit MMAs read (a row-major, b column-major)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch
 
 from gemmtune.measure.verify import INTEGER_POISON
 
-DTYPES = (torch.bfloat16, torch.float16, torch.int8)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+DTYPES = (torch.bfloat16, torch.float16, torch.int8, *FP8)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: what the product of int8 inputs is written as
 INT8_OUT = torch.int32
@@ -30,6 +32,9 @@ INT8_OUT = torch.int32
 RTOL = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 EPS = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-10, torch.float32: 2.0**-23}
 PARTIAL_ROUNDINGS = 4
+#: the rounding of the partial sums an fp8 product's accumulators keep on the tensor cores
+#: (fewer bits than fp32's), in place of 2**-13 in the absolute term
+FP8_PARTIAL_EPS = 2.0**-9
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,9 @@ class FuzzCase:
 
     @property
     def result_dtype(self) -> torch.dtype:
-        return self.out_dtype or (INT8_OUT if self.dtype == torch.int8 else self.dtype)
+        from gemmtune.core.problem import default_out_dtype
+
+        return self.out_dtype or default_out_dtype(self.dtype)
 
     def describe(self) -> str:
         parts = [f"{self.m}x{self.n}x{self.k}", f"batch={self.batch}", str(self.dtype)]
@@ -83,12 +90,15 @@ def _extent(rng: random.Random) -> int:
     return max(1, int(math.exp(rng.uniform(0, math.log(3000)))))
 
 
-def _operand(rng: random.Random, rows: int, cols: int) -> Operand:
-    row_major = rng.random() < 0.6
+def _operand(
+    rng: random.Random, rows: int, cols: int, itemsize: int = 2, row_major: bool | None = None
+) -> Operand:
+    if row_major is None:
+        row_major = rng.random() < 0.6
     width = cols if row_major else rows
     pad = 0
     if rng.random() < 0.85:
-        pad = -width % 8  # rows padded to 16 bytes: ragged widths our kernels can take
+        pad = -width % (16 // itemsize)  # rows padded to 16 bytes: widths our kernels take
     if rng.random() < 0.25:
         pad += rng.choice((8, 16, 24, 8, 16, 3))  # sliced out of a wider buffer
     offset = rng.choice((8, 64, 1)) if rng.random() < 0.2 else 0
@@ -101,7 +111,11 @@ def draw(seed: int) -> FuzzCase:
     m, n, k = _extent(rng), _extent(rng), _extent(rng)
     batch = rng.choice((2, 3, 4)) if rng.random() < 0.2 else 0
     dtype = rng.choice(DTYPES)
-    a, b = _operand(rng, m, k), _operand(rng, k, n)
+    a_row_major = b_row_major = None
+    if dtype.itemsize == 1 and rng.random() < 0.75:  # the layout 8-bit MMAs read
+        a_row_major, b_row_major = True, False
+    a = _operand(rng, m, k, dtype.itemsize, a_row_major)
+    b = _operand(rng, k, n, dtype.itemsize, b_row_major)
     out = out_dtype = None
     out_dtypes = (INT8_OUT,) if dtype == torch.int8 else OUT_DTYPES
     roll = rng.random()
@@ -123,6 +137,8 @@ def _tensor(op: Operand, batch: int, dtype, device, fill: str, generator=None) -
     if fill == "randn":
         if integer:
             storage.random_(-128, 128, generator=generator)
+        elif dtype in FP8:  # torch draws no fp8 directly: randn rounded to it
+            storage.copy_(torch.empty(storage.shape, device=device).normal_(generator=generator))
         else:
             storage.normal_(generator=generator)
     elif fill == "nan":
@@ -148,12 +164,14 @@ def make_tensors(
     return a, b, out
 
 
-def mismatches(got: torch.Tensor, reference: torch.Tensor, k: int) -> int:
+def mismatches(got: torch.Tensor, reference: torch.Tensor, k: int, fp8: bool = False) -> int:
     """How many elements of `got` lie outside the tolerance of the float32 `reference` (NaN and
-    Inf count as outside); of an integer `got`, how many differ from the exact `reference`."""
+    Inf count as outside), for a product of fp8 inputs where `fp8`; of an integer `got`, how
+    many differ from the exact `reference`."""
     if not got.is_floating_point():
         return int((got != reference.to(got.dtype)).sum())
-    atol = PARTIAL_ROUNDINGS * max(EPS[got.dtype], 2.0**-13) * math.sqrt(max(k, 1))
+    partial_eps = FP8_PARTIAL_EPS if fp8 else 2.0**-13
+    atol = PARTIAL_ROUNDINGS * max(EPS[got.dtype], partial_eps) * math.sqrt(max(k, 1))
     allowed = RTOL[got.dtype] * reference.abs() + atol
     bad = ~((got.float() - reference).abs() <= allowed)
     return int(bad.sum())

@@ -3,7 +3,7 @@
 import math
 
 import torch
-from fuzz_cases import OUT_DTYPES, draw, make_tensors, mismatches
+from fuzz_cases import FP8, OUT_DTYPES, draw, make_tensors, mismatches
 
 from gemmtune.measure.verify import INTEGER_POISON
 
@@ -33,7 +33,7 @@ def test_a_thousand_draws_cover_every_feature():
             seen.add(("out_of_dtype", case.out_dtype))
     expected = {
         *((key, value) for key in ("batched", "a_row_major", "b_row_major") for value in (0, 1)),
-        *(("dtype", d) for d in (torch.bfloat16, torch.float16, torch.int8)),
+        *(("dtype", d) for d in (torch.bfloat16, torch.float16, torch.int8, *FP8)),
         ("out_dtype", torch.int32), ("out_of_dtype", torch.int32),
         *(("out_dtype", d) for d in (None, *OUT_DTYPES)),
         *(("out_of_dtype", d) for d in (None, *OUT_DTYPES)),
@@ -72,3 +72,10 @@ def test_mismatches_counts_a_single_wrong_element_and_nan():
     assert mismatches(wrong, reference, k) == 1
     wrong[3, 3] = math.nan
     assert mismatches(wrong, reference, k) == 2
+
+
+def test_most_eight_bit_cases_have_the_layout_their_mmas_read():
+    cases = [draw(seed) for seed in range(1000)]
+    eight_bit = [c for c in cases if c.dtype.itemsize == 1]
+    k_major = [c for c in eight_bit if c.a.row_major and not c.b.row_major]
+    assert len(k_major) >= 0.7 * len(eight_bit)

@@ -2,8 +2,8 @@
 torch.matmul serves a case, against torch's own answer, to the bit.
 
 Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged and
-size-1 dimensions, bf16/fp16 and int8 (exact), all four operand layouts, sliced rows, storage
-offsets, batched 3-D, `out=` row- or column-major and poisoned, `out_dtype`. Plans are made by
+size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four operand layouts,
+sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned, `out_dtype`. Plans are made by
 a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
 operands and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so
 the cases reach every decomposition without tuning; the binaries are compiled in parallel
@@ -41,9 +41,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 MIN_CASES = 1000
 #: At least 1/n of each input type's cases must reach our kernels (the rest exercise the
-#: fallback): 16-bit types are served in every layout, int8 only with `a` row-major, `b`
-#: column-major and 16-byte aligned rows, so its share is held to its own bar.
-SERVED_SHARE = {torch.bfloat16: 4, torch.float16: 4, torch.int8: 16}
+#: fallback): 16-bit types are served in every layout, 8-bit ones only with `a` row-major and
+#: `b` column-major, which most of their cases are drawn with.
+SERVED_SHARE = {
+    torch.bfloat16: 4,
+    torch.float16: 4,
+    torch.int8: 4,
+    torch.float8_e4m3fn: 4,
+    torch.float8_e5m2: 4,
+}
 
 FUZZ_BINARIES = (
     GemmConfig(tile_m=128, tile_n=128),
@@ -139,7 +145,7 @@ def test_fuzz_tuned_gemm_element_by_element(tmp_path):
                 bad = int((got != expected).sum())
                 failures.append(f"case {case.seed}: {case.describe()}: {bad} unlike torch's")
         else:
-            bad = mismatches(got, reference, case.k)
+            bad = mismatches(got, reference, case.k, fp8=case.dtype.itemsize == 1)
             if bad:
                 config = plan.config.key
                 failures.append(f"case {case.seed}: {case.describe()}: {bad} wrong ({config})")
