@@ -3,8 +3,8 @@ torch.matmul serves a case, against torch's own answer, to the bit.
 
 Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged and
 size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four operand layouts,
-sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned, `out_dtype`. Plans are made by
-a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
+sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned,
+`out_dtype`. Plans are made by a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
 operands and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so
 the cases reach every decomposition without tuning; the binaries are compiled in parallel
 first.
