@@ -1,13 +1,13 @@
 """tuned_gemm against a float32 reference on random calls, element by element (GPU); where
 torch.matmul serves a case, against torch's own answer, to the bit.
 
-Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged and
-size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four operand layouts,
-sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned,
-`out_dtype`. Plans are made by a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
-operands and a direct-store epilogue, split-K on a 2x1 cluster) at random runtime fields, so
-the cases reach every decomposition without tuning; the binaries are compiled in parallel
-first.
+Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged
+and size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four operand
+layouts, sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned,
+`out_dtype`. Plans are made by a chooser that gives each problem one of a few binaries
+(data-parallel, stream-K with swapped operands and a direct-store epilogue, split-K on a 2x1
+cluster) at random runtime fields, so the cases reach every decomposition without tuning; the
+binaries are compiled in parallel first.
 
 GEMMTUNE_FUZZ_SEED replays a run (its seed is in every failure message), GEMMTUNE_FUZZ_CASES
 sets how many cases are drawn, GEMMTUNE_FUZZ_SECONDS bounds the run.
