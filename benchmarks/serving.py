@@ -52,12 +52,12 @@ def summary(rows: list[dict]) -> list[str]:
     """Per contender, dtype and layout: the geometric mean ratio, the worst shape, and the
     least bandwidth fraction of the memory-bound rows (M <= 64)."""
     lines = []
-    groups = sorted({(r["contender"], r.get("dtype"), r.get("layout")) for r in rows})
+    groups = sorted({(r["contender"], r.get("dtype"), r.get("layout") or "") for r in rows})
     for contender, dtype, layout in groups:
         group = [
             r
             for r in rows
-            if (r["contender"], r.get("dtype"), r.get("layout")) == (contender, dtype, layout)
+            if (r["contender"], r.get("dtype"), r.get("layout") or "") == (contender, dtype, layout)
             and "ratio" in r
         ]
         if not group:
