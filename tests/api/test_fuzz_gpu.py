@@ -70,7 +70,7 @@ class FuzzChooser(ConfigChooser):
     problem's sizes; None (torch.matmul) where none serves."""
 
     def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
-        k_tiles = ceil_div(problem.k, rules.TILE_K)
+        k_tiles = ceil_div(problem.k, rules.tile_k(problem.a_dtype.itemsize))
         serving = [
             variants
             for c in FUZZ_BINARIES

@@ -33,3 +33,25 @@ def test_a_2cta_split_k_counts_mma_tiles_and_each_cta_holds_half_a_tile():
     # 2 x 4 = 8 units of 4 CTAs, each CTA 128 x 128 of a tile's output
     need = workspace_need(config, 1024, 512, 32768, 1, 37)
     assert need == WorkspaceNeed(8 * 4 * 4 * 128 * 128, 8 * 4)
+
+
+def test_eight_bit_inputs_count_k_tiles_of_128_bytes_on_hopper():
+    from gemmtune.kernels import tile_k
+
+    assert (tile_k("sm_90", 2), tile_k("sm_90", 1)) == (64, 128)
+    assert (tile_k("sm_100", 2), tile_k("sm_100", 1)) == (64, 64)
+    config = GemmConfig(tile_m=128, tile_n=128, decomposition="stream_k")
+    # 1024 x 4352 x 4096: 32 k-tiles of 128 bytes for 8-bit inputs, 64 for 16-bit ones; the
+    # stream-K region is the same two units' worth per cluster, but its split points differ
+    sixteen = workspace_need(config, 1024, 4352, 4096, 1, 132, ab_bytes=2)
+    eight = workspace_need(config, 1024, 4352, 4096, 1, 132, ab_bytes=1)
+    assert eight.counters == sixteen.counters == 272 - 2 * 132
+    split = GemmConfig(tile_m=128, tile_n=128, decomposition="split_k", splits=16)
+    # 256 k-tiles of 16-bit, 128 of 8-bit: both take 16 splits; at k = 1024 (8 k-tiles of
+    # 8-bit, 16 of 16-bit) 8-bit takes at most 8
+    assert workspace_need(split, 512, 512, 1024, 1, 132, ab_bytes=1).partials == (
+        16 * 8 * 128 * 128
+    )
+    assert workspace_need(split, 512, 512, 1024, 1, 132, ab_bytes=2).partials == (
+        16 * 16 * 128 * 128
+    )

@@ -81,6 +81,15 @@ INT8_SIGNATURES = [
     KernelSignature("int8", "int32", "k", "k", om, batched)
     for om, batched in itertools.product(("n", "m"), (False, True))
 ]
+#: 8-bit inputs (both K-major): int8, and fp8 scaled per tensor and per row, e4m3 with e5m2
+#: either way round, into each float output (fp8 runs on the Hopper kernel only)
+EIGHT_BIT_SIGNATURES = [
+    *INT8_SIGNATURES,
+    KernelSignature("e4m3", "bf16", "k", "k", "n", False, scaling="tensor"),
+    KernelSignature("e4m3", "bf16", "k", "k", "m", False, scaling="row"),
+    KernelSignature("e4m3", "fp32", "k", "k", "m", True, b_dtype="e5m2", scaling="row"),
+    KernelSignature("e5m2", "fp16", "k", "k", "n", True, b_dtype="e4m3", scaling="tensor"),
+]
 
 
 @needs_nvdisasm
@@ -104,10 +113,10 @@ def test_every_signature_compiles(pool):
 
 
 @needs_nvdisasm
-def test_int8_compiles_to_igmma_in_every_decomposition(pool):
-    """int8 x int8 -> int32 (both operands K-major): cooperative, ping-pong, swapped and narrow
-    tiles, both epilogues, both output majors and ranks, split-K and stream-K (whose partials
-    are int32)."""
+def test_eight_bit_compiles_in_every_decomposition(pool):
+    """int8 and fp8 (both operands K-major, IGMMA and QGMMA): cooperative, ping-pong, swapped
+    and narrow tiles, both epilogues, both output majors and ranks, split-K and stream-K (int8's
+    partials int32, fp8's scaled fp32), per-tensor and per-row scales."""
     configs = [
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
         GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, tma_store=False),
@@ -115,9 +124,9 @@ def test_int8_compiles_to_igmma_in_every_decomposition(pool):
         GemmConfig(tile_m=64, tile_n=192, schedule="pingpong", decomposition="stream_k"),
         GemmConfig(tile_m=128, tile_n=64, swap_ab=True, tma_store=False, decomposition="stream_k"),
     ]
-    jobs = [CompileJob(c, sig) for c in configs for sig in INT8_SIGNATURES]
+    jobs = [CompileJob(c, sig) for c in configs for sig in EIGHT_BIT_SIGNATURES]
     jobs = [j for j in jobs if rules.signature_reason(j.config, j.signature) is None]
-    assert len(jobs) == len(configs) * len(INT8_SIGNATURES)
+    assert len(jobs) == len(configs) * len(EIGHT_BIT_SIGNATURES)
     reports = _check(pool, jobs)
     assert all(r.mma_in_sass > 0 for r in reports)
 

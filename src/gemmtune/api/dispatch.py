@@ -241,7 +241,9 @@ class Dispatcher:
             return Plan(None, (), None, reason=reason)
         kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
         p = problem
-        args = launch_args(config, p.device, p.m, p.n, p.k, p.l)
+        args = launch_args(
+            config, p.device, p.m, p.n, p.k, p.l, ab_bytes=p.a_dtype.itemsize
+        )  # fmt: skip
         stream = None
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
@@ -273,7 +275,10 @@ class Dispatcher:
         from gemmtune.kernels.launch import launch_args
 
         batch = a.shape[0] if a.dim() == 3 else 1
-        args = launch_args(plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch)
+        args = launch_args(
+            plan.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch,
+            ab_bytes=a.element_size(),
+        )  # fmt: skip
         return (*plan.args[: len(plan.args) - len(args)], *args)  # a plan's bound scales first
 
     def scaled(

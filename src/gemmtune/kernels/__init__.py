@@ -12,6 +12,18 @@ if TYPE_CHECKING:
     from gemmtune.core.problem import GemmProblem
 
 
+#: The rules module of each architecture's kernel
+RULES = {"sm_90": "gemmtune.kernels.sm90.rules", "sm_100": "gemmtune.kernels.sm100.rules"}
+
+
+def tile_k(arch: str, ab_bytes: int) -> int:
+    """K extent, in elements of `ab_bytes` bytes, of a tile of the kernel of `arch` ("sm_90"):
+    what the host counts k-tiles in, as the kernel does."""
+    import importlib
+
+    return importlib.import_module(RULES[arch]).tile_k(ab_bytes)
+
+
 def serve_reason(
     config: GemmConfig, problem: GemmProblem, implements: Callable[[GemmConfig], str | None]
 ) -> str | None:

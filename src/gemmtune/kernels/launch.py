@@ -14,9 +14,9 @@ import torch
 import tvm_ffi
 
 from gemmtune.core.config import GemmConfig
+from gemmtune.kernels import tile_k
 from gemmtune.kernels.build import CompiledGemm, runtime_args
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,21 @@ class WorkspaceNeed:
 
 
 def workspace_need(
-    config: GemmConfig, m: int, n: int, k: int, l: int, max_active_clusters: int
+    config: GemmConfig,
+    m: int,
+    n: int,
+    k: int,
+    l: int,
+    max_active_clusters: int,
+    ab_bytes: int = 2,
 ) -> WorkspaceNeed:
-    """The workspace `config` needs for an (m, n, k, l) problem, from the schedule model."""
+    """The workspace `config` needs for an (m, n, k, l) problem of `ab_bytes`-byte inputs, from
+    the schedule model."""
     grid = TileGrid.of(config, m, n, l)
     schedule = make_schedule(
         config.decomposition.value,
         grid,
-        ceil_div(k, TILE_K),
+        ceil_div(k, tile_k(config.arch, ab_bytes)),
         max_active_clusters,
         splits=config.splits,
     )
@@ -76,13 +83,16 @@ def launch_args(
     k: int,
     l: int,
     pool: WorkspacePool = WORKSPACES,
+    ab_bytes: int = 2,
 ) -> tuple:
     """Everything a launch of `config`'s kernel passes after (a, b, out) for an (m, n, k, l)
-    problem: the workspace and the runtime arguments. Found once per problem by its callers.
+    problem of `ab_bytes`-byte inputs: the workspace and the runtime arguments. Found once per
+    problem by its callers.
     The workspace is handed over as TVM-FFI tensors (which keep the torch tensors alive): a
     launch then skips converting two tensors, a measurable part of a small problem's call."""
     args = runtime_args(config, device.index or 0)
-    partials, counters = pool.get(device, workspace_need(config, m, n, k, l, args[-1]))
+    need = workspace_need(config, m, n, k, l, args[-1], ab_bytes)
+    partials, counters = pool.get(device, need)
     return (tvm_ffi.from_dlpack(partials), tvm_ffi.from_dlpack(counters), *args)
 
 
@@ -106,6 +116,13 @@ def launch(
     `scales` as `torch._scaled_mm` takes them."""
     batch = a.shape[0] if a.dim() == 3 else 1
     args = launch_args(
-        config or kernel.config, a.device, a.shape[-2], b.shape[-1], a.shape[-1], batch, pool
+        config or kernel.config,
+        a.device,
+        a.shape[-2],
+        b.shape[-1],
+        a.shape[-1],
+        batch,
+        pool,
+        a.element_size(),
     )
     kernel(a, b, out, *kernel_scales(scales), *args)

@@ -177,7 +177,9 @@ class GemmRunner:
 
         kernel = self._kernel(kernel_path, config)
         s = self.spec
-        args = launch_args(config, self.a.device, s.m, s.n, s.k, s.l)
+        args = launch_args(
+            config, self.a.device, s.m, s.n, s.k, s.l, ab_bytes=s.signature.ab_bytes
+        )  # fmt: skip
 
         def run() -> None:
             kernel(self.a, self.b, self.out, *self.kernel_scales, *args)

@@ -72,10 +72,10 @@ def candidates(
 ) -> list[GemmConfig]:
     """Every valid config for `problem` on `arch` (by default the problem's GPU); without
     `orders`, only at the default raster order and swizzle (what the ranking model ranks)."""
+    from gemmtune.kernels import tile_k
     from gemmtune.kernels.schedule_model import ceil_div
-    from gemmtune.kernels.sm90.rules import TILE_K
 
-    k_tiles = ceil_div(problem.k, TILE_K)
+    k_tiles = ceil_div(problem.k, tile_k((arch or problem.arch).value, problem.a_dtype.itemsize))
     out = [v for b in binaries(problem, arch) for v in runtime_variants(b, k_tiles, orders=orders)]
     log.info(
         "%d candidate configs for %dx%dx%dx%d on %s",

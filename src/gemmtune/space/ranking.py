@@ -41,8 +41,9 @@ from importlib import resources
 
 from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
+from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K
+from gemmtune.kernels.sm90.rules import TILE_K_BYTES
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -116,8 +117,9 @@ class DeviceModel:
 
 
 def mma_time_factor(problem: GemmProblem) -> float:
-    """The MMA time of a k-tile relative to the 16-bit one the constants were fitted on: 8-bit
-    WGMMAs multiply at twice the rate (1,979 dense TOPS on an H100/H200 against 989 TFLOP/s)."""
+    """The MMA time of the problem's work relative to 16-bit inputs: 8-bit WGMMAs multiply at
+    twice the rate (1,979 dense TOPS on an H100/H200 against 989 TFLOP/s). A k-tile is 128
+    bytes of K whatever the type, so its MMA time is the same for both."""
     return 0.5 if problem.a_dtype.itemsize == 1 else 1.0
 
 
@@ -170,7 +172,7 @@ class RankingModel:
         """An unmeasured family: the MMA work of a k-tile at an efficiency that grows with the
         tile (bigger tiles reuse operands more), and an epilogue that writes the tile."""
         rows = config.tile_m // (2 if config.two_cta else 1)
-        flops = 2 * rows * config.tile_n * TILE_K
+        flops = 2 * rows * config.tile_n * (TILE_K_BYTES // 2)  # a k-tile of 16-bit inputs
         efficiency = 0.92 * (1 - 16 / config.tile_n) * min(1.0, rows / 128) ** 0.25
         a = flops / (self.device.mma_flops_per_us_per_sm * max(efficiency, 0.2))
         c = 1.0 + rows * config.tile_n * 2 / 20e3
@@ -180,7 +182,6 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         a, c, publish, gather = self.constants(config)
-        a *= mma_time_factor(problem)
         a *= (1 + NARROW_SWIZZLE_COST) ** (
             narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
             - narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
@@ -189,7 +190,7 @@ class RankingModel:
         cta_tile = config.tile_m // config.cta_group * config.tile_n  # outputs one CTA holds
         resident = self.device.resident_clusters(ctas)
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
-        k_tiles = ceil_div(problem.k, TILE_K)
+        k_tiles = ceil_div(problem.k, tile_k(config.arch, problem.a_dtype.itemsize))
         units = grid.work_units
         calibration = self._calibration(config)
         if config.decomposition is Decomposition.DATA_PARALLEL:

@@ -17,12 +17,20 @@ from gemmtune.kernels.sm90.rules import (
     MIN_AB_STAGES,
     SMEM_CAPACITY,
     SMEM_RESERVED,
-    TILE_K,
     SmemPlan,
 )
 
 if TYPE_CHECKING:
     from gemmtune.core.problem import GemmProblem
+
+#: K extent of a tile in elements, of every input type
+TILE_K = 64
+
+
+def tile_k(ab_bytes: int) -> int:
+    """K extent of a tile in elements of `ab_bytes` bytes: `TILE_K` whatever the type."""
+    return TILE_K
+
 
 #: MMA tile M per CTA pair: 64 or 128 with one CTA, 128 or 256 across two (2-CTA instructions)
 TILE_M_ONE_CTA = (64, 128)

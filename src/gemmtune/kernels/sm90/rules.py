@@ -21,8 +21,16 @@ if TYPE_CHECKING:
 SMEM_CAPACITY = 232448
 #: Kept back for mbarriers and alignment padding.
 SMEM_RESERVED = 1024
-#: K extent of a tile: four k16 WGMMAs, one 128-byte swizzle atom of a 16-bit K-major row.
-TILE_K = 64
+#: K extent of a tile in bytes: one 128-byte swizzle atom of a K-major row, four WGMMAs (k16
+#: for 16-bit types, k32 for 8-bit ones)
+TILE_K_BYTES = 128
+
+
+def tile_k(ab_bytes: int) -> int:
+    """K extent of a tile in elements of `ab_bytes` bytes: 64 16-bit ones, 128 8-bit ones."""
+    return TILE_K_BYTES // ab_bytes
+
+
 THREADS_PER_WARPGROUP = 128
 #: 32-bit registers of one SM, all of them for the one CTA it holds.
 REGISTER_FILE = 65536
@@ -122,7 +130,7 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest, then what those leave to more epilogue buffers."""
-    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K * signature.ab_bytes
+    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K_BYTES
 
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
         return (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
