@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_results
+from benchmarks.common import RESULTS, suite_file_name, write_results
 from gemmtune.api.choice import CUBLAS_ENV
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
 from gemmtune.core.dtypes import FP8, KERNEL_INPUTS, SCALINGS
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
         f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling)}"
     )
-    name = "public" if not set(args.dtype) & set(FP8) else f"public-fp8-{args.scaling}"
+    name = suite_file_name("public", args.dtype, args.scaling)
     return write_results("kernel", method, rows, args.out_dir, name=name)
 
 

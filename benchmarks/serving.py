@@ -23,10 +23,10 @@ import math
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_results
+from benchmarks.common import RESULTS, suite_file_name, write_results
 from benchmarks.public import CONTENDERS, bench_run, describe, input_kind
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
-from gemmtune.core.dtypes import FP8, KERNEL_INPUTS, SCALINGS
+from gemmtune.core.dtypes import KERNEL_INPUTS, SCALINGS
 
 SUITE_HELP = "the serving suite (decode, ragged, small-MN): our kernels and tuned_gemm vs cuBLAS"
 
@@ -115,5 +115,5 @@ def main(argv: list[str] | None = None) -> Path:
         f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; "
         f"{input_kind(args.dtype, args.scaling)}"
     )
-    name = "serving" if not set(args.dtype) & set(FP8) else f"serving-fp8-{args.scaling}"
+    name = suite_file_name("serving", args.dtype, args.scaling)
     return write_results("kernel", method, rows, args.out_dir, name=name)
