@@ -47,12 +47,13 @@ def bench_run(
     suite: str = "public",
     layout: str = "kn",
     scaling: str = "tensor",
+    accumulation: str = "fast",
 ) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
     cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`
-    (`scaling`: an fp8 product's)."""
+    (`scaling` and `accumulation`: an fp8 product's)."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
-    command += ["--layout", layout, "--scaling", scaling]
+    command += ["--layout", layout, "--scaling", scaling, "--accumulation", accumulation]
     command += ["--shapes", str(shapes)] if shapes is not None else ["--suite", suite]
     with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
         env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> Path:
         "--layout", default="kn", choices=list(B_LAYOUTS), help="b as x @ w (kn) or x @ w.t() (nk)"
     )
     parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
+    parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
@@ -93,7 +95,12 @@ def main(argv: list[str] | None = None) -> Path:
     for dtype in args.dtype:
         for contender, cublas in CONTENDERS.items():
             document = bench_run(
-                dtype, cublas, args.shapes, layout=args.layout, scaling=args.scaling
+                dtype,
+                cublas,
+                args.shapes,
+                layout=args.layout,
+                scaling=args.scaling,
+                accumulation=args.accumulation,
             )
             # the bench's method names the dtype; the dtypes are listed once below
             methods.add(document["method"].rsplit(";", 1)[0])
@@ -113,20 +120,20 @@ def main(argv: list[str] | None = None) -> Path:
         f"per dtype ({', '.join(args.dtype)}) two runs, each a new process with an empty cache "
         f"folder: contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the tuning's candidates) "
         f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
-        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling)}"
+        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling, args.accumulation)}"
     )
-    name = suite_file_name("public", args.dtype, args.scaling)
+    name = suite_file_name("public", args.dtype, args.scaling, args.accumulation)
     return write_results("kernel", method, rows, args.out_dir, name=name)
 
 
-def input_kind(dtypes: list[str], scaling: str = "tensor") -> str:
+def input_kind(dtypes: list[str], scaling: str = "tensor", accumulation: str = "fast") -> str:
     """How the suite's inputs were drawn, for a results file's method."""
     kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
     if set(dtypes) & set(FP8):
         kinds.append(
             f"fp8 inputs torch.randn rounded to fp8, scales uniform in [0.5, 1.5) per {scaling}, "
             "bf16 output; ours gemmtune.scaled_mm, contender torch._scaled_mm, both with "
-            "use_fast_accum=True"
+            f"use_fast_accum={accumulation == 'fast'}"
         )
     if "int8" in dtypes:
         kinds.append(

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> Path:
         "--only", default="", help="comma-separated kinds, shape names or name stems (l8b_down)"
     )
     parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
+    parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = selected(args.only)
@@ -96,7 +97,12 @@ def main(argv: list[str] | None = None) -> Path:
         for layout in args.layout:
             for contender in args.contenders:
                 document = bench_run(
-                    dtype, CONTENDERS[contender], suite_file, layout=layout, scaling=args.scaling
+                    dtype,
+                    CONTENDERS[contender],
+                    suite_file,
+                    layout=layout,
+                    scaling=args.scaling,
+                    accumulation=args.accumulation,
                 )
                 methods.add(document["method"].rsplit(";", 1)[0])
                 for row in document["rows"]:
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"serving suite ({len(shapes)} shapes), per dtype ({', '.join(args.dtype)}), b layout "
         f"({', '.join(args.layout)}) and contender ({', '.join(args.contenders)}) a new process "
         f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; "
-        f"{input_kind(args.dtype, args.scaling)}"
+        f"{input_kind(args.dtype, args.scaling, args.accumulation)}"
     )
-    name = suite_file_name("serving", args.dtype, args.scaling)
+    name = suite_file_name("serving", args.dtype, args.scaling, args.accumulation)
     return write_results("kernel", method, rows, args.out_dir, name=name)

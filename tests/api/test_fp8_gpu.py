@@ -85,11 +85,33 @@ def test_calls_ours_does_not_serve_are_torch_scaled_mm():
     sa, sb = scales(256, 384, "tensor")
     bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
     for options in (
-        {"out_dtype": torch.bfloat16},  # precise accumulation: torch's
         {"out_dtype": torch.bfloat16, "use_fast_accum": True, "bias": bias},
+        {"out_dtype": torch.float8_e4m3fn, "use_fast_accum": True},  # an fp8 output
     ):
         got = gemmtune.scaled_mm(a, w.t(), sa, sb, **options)
         assert torch.equal(got, torch._scaled_mm(a, w.t(), sa, sb, **options))
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_precise_accumulation_is_served_by_a_promoting_kernel(monkeypatch, scaling):
+    import gemmtune
+
+    monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
+    m, n, k = 1000, 1536, 8192
+    a, w = fp8(m, k), fp8(n, k)
+    sa, sb = scales(m, n, scaling)
+    options = {"out_dtype": torch.float32}  # use_fast_accum=False, torch's default
+    reference = scaled_reference(a, w.t(), sa, sb)
+    for _ in range(2):
+        got = gemmtune.scaled_mm(a, w.t(), sa, sb, **options)
+    theirs = torch._scaled_mm(a, w.t(), sa, sb, **options)
+    err, their_err = relative_error(got, reference), relative_error(theirs, reference)
+    assert err <= 2 * their_err + 1e-6, (err, their_err)
+    if arch_of(0) is Arch.SM90:
+        plan = gemmtune.api.dispatch.DISPATCHER.scaled_plan(
+            a, w.t(), sa, sb, torch.float32, use_fast_accum=False
+        )
+        assert plan is not None and plan.config is not None
 
 
 def test_tuned_gemm_multiplies_fp8_with_unit_scales(monkeypatch):

@@ -99,3 +99,28 @@ def test_a_compiled_model_computes_the_same_with_the_pass(monkeypatch):
     x = torch.randn(4, 32)
     torch.testing.assert_close(torch.compile(model)(x), model(x))
     torch._dynamo.reset()
+
+
+def test_cuda_scaled_mm_of_fp8_goes_to_the_gemmtune_op_with_its_arguments():
+    graph = torch.fx.Graph()
+    mode = FakeTensorMode()
+    with mode:
+        values = [
+            torch.empty(32, 64, dtype=torch.float8_e4m3fn, device="cuda"),
+            torch.empty(16, 64, dtype=torch.float8_e5m2, device="cuda").t(),  # column-major
+            torch.empty((), device="cuda"),
+            torch.empty((), device="cuda"),
+        ]
+    nodes = []
+    for i, value in enumerate(values):
+        node = graph.placeholder(f"x{i}")
+        node.meta["val"] = value
+        nodes.append(node)
+    kwargs = {"out_dtype": torch.bfloat16, "use_fast_accum": True}
+    call = graph.call_function(aten._scaled_mm.default, tuple(nodes), kwargs)
+    with mode:
+        call.meta["val"] = aten._scaled_mm.default(*values, **kwargs)
+    graph.output((call,))
+    assert rewrite_gemms(graph) == 1
+    assert targets(graph) == [torch.ops.gemmtune.scaled_mm.default]
+    assert call.kwargs == kwargs and call.args == tuple(nodes)

@@ -45,3 +45,30 @@ def test_linear_layers_are_swapped_in_place_and_compile():
     torch.testing.assert_close(model(x), expected)
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), expected)
+
+
+def test_scaled_mm_off_the_gpu_is_torch_scaled_mm_and_its_fake_gives_shape_and_dtype():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a = torch.randn(32, 64).to(torch.float8_e4m3fn)
+    b = torch.randn(16, 64).to(torch.float8_e4m3fn).t()
+    scales = (torch.tensor(0.5), torch.tensor(2.0))
+    options = {"out_dtype": torch.bfloat16, "use_fast_accum": True}
+    expected = torch._scaled_mm(a, b, *scales, **options)
+    for _ in range(2):  # a CPU call makes no plan and never reaches a kernel
+        assert torch.equal(gemmtune.scaled_mm(a, b, *scales, **options), expected)
+    assert torch.equal(torch.ops.gemmtune.scaled_mm(a, b, *scales, **options), expected)
+    # opcheck's schema test multiplies the inputs, which fp8 tensors do not allow on the CPU
+    torch.library.opcheck(
+        torch.ops.gemmtune.scaled_mm.default,
+        (a, b, *scales),
+        options,
+        test_utils=("test_faketensor", "test_autograd_registration"),
+    )
+    with FakeTensorMode():
+        fa = torch.empty(8, 64, dtype=torch.float8_e4m3fn)
+        fb = torch.empty(64, 24, dtype=torch.float8_e5m2)
+        out = torch.ops.gemmtune.scaled_mm(fa, fb, torch.empty(()), torch.empty(()))
+        assert out.shape == (8, 24) and out.dtype == torch.float8_e4m3fn  # torch's default
+        with pytest.raises(ValueError, match="inner dimensions"):
+            torch.ops.gemmtune.scaled_mm(fa, fa, torch.empty(()), torch.empty(()))

@@ -1,7 +1,8 @@
 """The Hopper kernel's fp8 products on the GPU: e4m3 and e5m2 (mixed too), scaled per tensor
-and per row and column, every decomposition, swapped operands, ragged and tiny shapes, every
-output dtype and major, against the float32 product of the dequantized operands; and no worse
-than torch._scaled_mm with the same fast accumulation."""
+and per row and column, accumulated on the tensor cores or promoted into fp32 per k-tile,
+every decomposition, swapped operands, ragged and tiny shapes, every output dtype and major,
+against the float32 product of the dequantized operands; and no worse than torch._scaled_mm
+accumulating the same way."""
 
 import pytest
 import torch
@@ -37,6 +38,10 @@ sm90_128x64_c1x1_swap_coop_st_sk3   |  16x4096x8192 | e4m3 e5m2 bf16 | m | row
 sm90_128x256_c2x1_coop_tma_streamk  | 1024x4352x4096 | e4m3 e4m3 bf16 | n | row
 sm90_64x128_c1x1_pp_st_streamk      | 1000x1528x2064 | e4m3 e4m3 fp32 | m | tensor
 sm90_128x64_c1x1_swap_pp_st_streamk |  33x1000x3008 | e5m2 e4m3 fp16 | n | row
+sm90_128x128_c1x1_coop_tma_dp       | 2048x2048x8192 | e4m3 e4m3 bf16 | n | tensor promoted
+sm90_64x192_c2x1_pp_st_dp           |  1000x1528x2064 | e4m3 e5m2 fp32 | m | row promoted
+sm90_128x128_c1x1_coop_tma_sk4      |  520x512x32768 | e4m3 e4m3 bf16 | n | row promoted
+sm90_128x64_c1x1_swap_pp_st_streamk |  33x1000x3008 | e4m3 e4m3 fp32 | n | tensor promoted
 """
 
 
@@ -45,7 +50,8 @@ def parse_case(line):
     a_dtype, b_dtype, out_dtype = dtypes.split()
     m, n, k = (int(x) for x in shape.split("x"))
     config = GemmConfig.from_key(key + "_rm_s1")
-    return config, (m, n, k), a_dtype, b_dtype, out_dtype, out_major, scaling
+    scaling, _, promoted = scaling.partition(" ")
+    return config, (m, n, k), a_dtype, b_dtype, out_dtype, out_major, scaling, bool(promoted)
 
 
 CASE_LINES = CASES.strip().splitlines()
@@ -57,7 +63,7 @@ def test_fp8_kernel_matches_the_dequantized_product(case):
     from gemmtune.kernels.launch import launch
     from gemmtune.kernels.sm90 import rules
 
-    config, (m, n, k), a_name, b_name, out_name, out_major, scaling = parse_case(case)
+    config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = parse_case(case)
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)
     a = random_tensor((m, k), torch_dtype(a_name), "cuda", gen)
     b = random_tensor((n, k), torch_dtype(b_name), "cuda", gen).t()  # K-major, as 8-bit needs
@@ -65,7 +71,7 @@ def test_fp8_kernel_matches_the_dequantized_product(case):
     out = torch.empty((n, m) if out_major == "m" else (m, n), device="cuda", dtype=out_dtype)
     out = out.t() if out_major == "m" else out
     poison(out)
-    problem = GemmProblem.from_tensors(a, b, out, scaling=scaling)
+    problem = GemmProblem.from_tensors(a, b, out, scaling=scaling, promoted=promoted)
     assert rules.serves(config, problem) is None
     signature = KernelSignature.of(problem)
     scales = random_scales(signature, m, n, "cuda", gen)
@@ -79,7 +85,7 @@ def test_fp8_kernel_matches_the_dequantized_product(case):
     if a.dtype == b.dtype == torch.float8_e4m3fn and k % 16 == 0 and n % 16 == 0:
         theirs = torch._scaled_mm(
             a, b, *scales, out_dtype=torch.bfloat16 if scaling == "row" else out_dtype,
-            use_fast_accum=True,
+            use_fast_accum=not promoted,
         )  # fmt: skip
         their_err = relative_error(theirs, reference)
         print(f"{case}: ours {err:.2e}, torch._scaled_mm {their_err:.2e}")
@@ -106,3 +112,31 @@ def test_every_row_and_column_gets_its_own_scale():
     for dim in (0, 1):
         errors = (out - expected).norm(dim=dim) / expected.norm(dim=dim)
         assert errors.max() <= tolerance(torch.float32, a.dtype), (dim, errors.max())
+
+
+def test_promotion_sums_closer_to_the_exact_product_than_the_tensor_cores():
+    """The same fp8 product written in fp32, accumulated on the tensor cores and promoted per
+    k-tile: promotion's error against the float32 product is at most half the other's, and
+    no worse than torch._scaled_mm's without fast accumulation."""
+    from gemmtune.kernels.build import compile_gemm
+    from gemmtune.kernels.launch import launch
+
+    config = GemmConfig(tile_m=128, tile_n=128)
+    a = random_tensor((512, 16384), torch.float8_e4m3fn)
+    b = random_tensor((512, 16384), torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    reference = torch.matmul(a.float(), b.float())
+    errors = {}
+    for promoted in (False, True):
+        problem = GemmProblem.from_tensors(a, b, None, torch.float32, promoted=promoted)
+        kernel = compile_gemm(config, KernelSignature.of(problem))
+        out = torch.empty(512, 512, device="cuda")
+        launch(kernel, a, b, out, config, scales=(one, one))
+        errors[promoted] = relative_error(out, reference)
+    theirs = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32, use_fast_accum=False)
+    print(
+        f"fast {errors[False]:.2e}, promoted {errors[True]:.2e}, torch precise "
+        f"{relative_error(theirs, reference):.2e}"
+    )
+    assert errors[True] <= errors[False] / 2
+    assert errors[True] <= 2 * relative_error(theirs, reference) + 1e-6

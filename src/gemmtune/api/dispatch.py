@@ -288,22 +288,23 @@ class Dispatcher:
         scale_a: torch.Tensor,
         scale_b: torch.Tensor,
         out_dtype: torch.dtype | None,
+        use_fast_accum: bool,
     ) -> torch.Tensor:
-        """`torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True)`
-        by our kernels where they serve it. A call's first use of a tensor signature runs
+        """`torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=..., use_fast_accum=...)` by our
+        kernels where they serve it (without fast accumulation, a kernel that promotes each
+        k-tile's partial sums into fp32). A call's first use of a tensor signature runs
         torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
         it; its plan serves the calls after."""
         device = a.get_device()
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, device,
-            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype,
+            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
         )  # fmt: skip
         plan = self.plans.get(key)
+        options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
         if plan is None:
-            result = torch._scaled_mm(
-                a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True
-            )
-            self.plans[key] = self._scaled_plan(a, b, scale_a, scale_b, out_dtype)
+            result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
+            self.plans[key] = self._scaled_plan(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
             return result
         if (
             plan.launcher is None
@@ -311,9 +312,7 @@ class Dispatcher:
             or scale_a.get_device() != device
             or scale_b.get_device() != device
         ):
-            return torch._scaled_mm(
-                a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True
-            )
+            return torch._scaled_mm(a, b, scale_a, scale_b, **options)
         from gemmtune.kernels.launch import kernel_scales
 
         out = torch.empty_strided(
@@ -323,15 +322,17 @@ class Dispatcher:
         plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *args)
         return out
 
-    def scaled_plan(self, a, b, scale_a, scale_b, out_dtype) -> Plan | None:
+    def scaled_plan(
+        self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool = True
+    ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
         key = (
             a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
-            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype,
+            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
         )  # fmt: skip
         return self.plans.get(key)
 
-    def _scaled_plan(self, a, b, scale_a, scale_b, out_dtype) -> Plan:
+    def _scaled_plan(self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> Plan:
         """The plan of a scaled product torch has accepted: our kernel where one serves it."""
         m, n = a.shape[0], b.shape[1]
         if scale_a.numel() == 1 and scale_b.numel() == 1:
@@ -345,7 +346,9 @@ class Dispatcher:
         if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
             return Plan(None, (), None, reason="kernels read float32 scales")
         resolved = resolve_mode(None)
-        problem = GemmProblem.from_tensors(a, b, None, out_dtype, scaling=scaling)
+        problem = GemmProblem.from_tensors(
+            a, b, None, out_dtype, scaling=scaling, promoted=not use_fast_accum
+        )
         if resolved == "off" or not problem.supported:
             return Plan(None, (), None, reason=problem.fallback_reason or "mode off")
         return self._kernel_plan(problem, resolved)
@@ -396,15 +399,16 @@ def scaled_mm(
     """`torch._scaled_mm`: `(a @ b) * scale_a * scale_b` of an fp8 (m, k) and (k, n) matrix (a
     row-major, b column-major), scaled per tensor (one-element scales) or per row of a and
     column of b ((m, 1) and (1, n) scales), written as `out_dtype`. Our kernels serve calls with
-    fast accumulation (`use_fast_accum=True`: fp32 accumulators, as the tensor cores keep them)
-    and a 16- or 32-bit output, without bias or `scale_result`; torch serves every other call,
-    and checks each call as it checks its own."""
+    a 16- or 32-bit output, without bias or `scale_result`: with `use_fast_accum=True` they sum
+    on the tensor cores, whose fp32 accumulators keep fewer bits; without, they add each
+    128-element k-tile's partial sums into full fp32 registers (as cuBLAS does). torch serves
+    every other call, and checks each call as it checks its own."""
     if (
         bias is not None
         or scale_result is not None
-        or not use_fast_accum
         or not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b))
         or a.dtype not in FP8_DTYPES
+        or not a.is_cuda
     ):
         return torch._scaled_mm(
             a,
@@ -416,7 +420,7 @@ def scaled_mm(
             out_dtype=out_dtype,
             use_fast_accum=use_fast_accum,
         )
-    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype)
+    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
 
 
 def plan(

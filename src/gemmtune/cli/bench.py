@@ -66,14 +66,14 @@ def load_shape_suite(path: Path | str | None = None, suite: str = "public") -> l
     return shapes
 
 
-def plan_config(a, b, mode: str, scales: tuple = ()) -> str:
+def plan_config(a, b, mode: str, scales: tuple = (), fast_accum: bool = True) -> str:
     """The config tuned_gemm's plan for (a, b) uses (scaled_mm's, given `scales`): its key, or
     "cublas" where torch serves."""
     from gemmtune.api.dispatch import DISPATCHER
     from gemmtune.core.config import CUBLAS
 
     if scales:
-        plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT)
+        plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT, fast_accum)
     else:
         plan = DISPATCHER.plan(a, b, mode=mode)
     return CUBLAS if plan is None or plan.config is None else plan.config.key
@@ -83,15 +83,15 @@ def plan_config(a, b, mode: str, scales: tuple = ()) -> str:
 FP8_OUT = torch.bfloat16
 
 
-def contenders(a, b, mode: str, scales: tuple) -> tuple:
+def contenders(a, b, mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
     """(ours, torch's) for `a @ b` as callables: tuned_gemm and torch.matmul, or for int8 the
     product through tuned_gemm and torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and
-    torch._scaled_mm with fast accumulation."""
+    torch._scaled_mm, both with `use_fast_accum=fast_accum`."""
     from gemmtune.api.dispatch import scaled_mm, tuned_gemm
     from gemmtune.measure.runner import torch_product
 
     if scales:
-        options = {"out_dtype": FP8_OUT, "use_fast_accum": True}
+        options = {"out_dtype": FP8_OUT, "use_fast_accum": fast_accum}
         return (
             functools.partial(scaled_mm, a, b, *scales, **options),
             functools.partial(torch._scaled_mm, a, b, *scales, **options),
@@ -112,9 +112,10 @@ def compare_with_cublas(
     b_layout: str = "kn",
     reference_gbps: float | None = None,
     scaling: str = "tensor",
+    fast_accum: bool = True,
 ) -> dict:
     """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape;
-    `scaling` is that of an fp8 product."""
+    `scaling` and `fast_accum` are an fp8 product's."""
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
     from gemmtune.measure.runner import random_scales, random_tensor, reference_product
@@ -134,11 +135,11 @@ def compare_with_cublas(
     if fp8:
         signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling)
         scales = random_scales(signature, m, np_, a.device)
-    ours_call, torch_call = contenders(a, b, mode, scales)
+    ours_call, torch_call = contenders(a, b, mode, scales, fast_accum)
     ours_call()  # tunes the shape's bucket in mode "tune" (fp8: after torch's first answer)
     ours_call()
     ok, err = check(ours_call(), reference_product(a, b, scales), a.dtype)
-    config = plan_config(a, b, mode, scales)
+    config = plan_config(a, b, mode, scales, fast_accum)
     ours, cublas = time_in_windows(
         [ours_call, torch_call], window_ms=WINDOW_MS, max_runs=runs, flush=flush
     )
@@ -166,6 +167,8 @@ def compare_with_cublas(
     }
     if (kp, np_) != (k, n):
         row["padded_to"] = {"k": kp, "n": np_}
+    if fp8:
+        row.update(scaling=scaling, use_fast_accum=fast_accum)
     if reference_gbps:
         row["bw_fraction"] = row["gbps"] / reference_gbps
         row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
@@ -251,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             row = compare_with_cublas(
                 shape, args.dtype, args.mode, args.runs, flush, args.layout,
-                bandwidth.reference_gbps, args.scaling,
+                bandwidth.reference_gbps, args.scaling, args.accumulation == "fast",
             )  # fmt: skip
         except Exception as exc:  # one shape's failure must not lose the others
             failed += 1

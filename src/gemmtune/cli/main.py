@@ -208,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8 (e4m3, e5m2): scales per tensor (the default) or per row of a and column of b",
     )
     p.add_argument(
+        "--accumulation",
+        choices=["fast", "promoted"],
+        default="fast",
+        help="fp8: use_fast_accum=True (the default) or False, for both contenders",
+    )
+    p.add_argument(
         "--mode",
         choices=[mode for mode in MODES if mode != "off"],
         default="tune",

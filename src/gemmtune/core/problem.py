@@ -162,6 +162,9 @@ class GemmProblem:
     #: fp8 only: how the product is scaled, "tensor" or "row" (`dtypes.SCALINGS`); a
     #: product without scales (tuned_gemm's) is scaled by one per tensor
     scaling: str = ""
+    #: fp8 only: partial sums promoted into fp32 every k-tile (torch._scaled_mm without
+    #: use_fast_accum), rather than accumulated on the tensor cores
+    promoted: bool = False
 
     @property
     def supported(self) -> bool:
@@ -201,15 +204,18 @@ class GemmProblem:
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
         scaling: str | None = None,
+        promoted: bool = False,
     ) -> GemmProblem:
         """Describe `a @ b` (written into `out` when given); raise for calls that are wrong.
-        `scaling` is an fp8 product's ("tensor" where not given)."""
+        `scaling` is an fp8 product's ("tensor" where not given), `promoted` whether its
+        partial sums are promoted into fp32."""
         return cls.from_operands(
             Operand.of(a, "a"),
             Operand.of(b, "b"),
             None if out is None else Operand.of(out, "out"),
             out_dtype,
             scaling=scaling,
+            promoted=promoted,
         )
 
     @classmethod
@@ -262,6 +268,7 @@ class GemmProblem:
         out_dtype: torch.dtype | None = None,
         arch: Arch | None = None,
         scaling: str | None = None,
+        promoted: bool = False,
     ) -> GemmProblem:
         """`from_tensors` on tensor descriptions; `arch` overrides the device's (for tests)."""
         a.check("a")
@@ -277,8 +284,11 @@ class GemmProblem:
             scaling = scaling or "tensor"
             if scaling not in dtypes.SCALINGS:
                 raise ValueError(f"scaling {scaling!r}: use one of {', '.join(dtypes.SCALINGS)}")
-        elif scaling:
-            raise ValueError(f"scaling {scaling!r} is for fp8 inputs; a and b are {a.dtype}")
+        elif scaling or promoted:
+            raise ValueError(
+                f"scaling {scaling!r} and promoted={promoted} are for fp8 inputs; a and b are "
+                f"{a.dtype}"
+            )
         k = a.shape[-1]
         if b.shape[-2] != k:
             raise ValueError(
@@ -386,6 +396,7 @@ class GemmProblem:
             arch=arch,
             fallback_reasons=tuple(reasons),
             scaling=scaling or "",
+            promoted=promoted,
         )
 
 
@@ -452,12 +463,14 @@ def scaled_matmul(
     scale_a: torch.Tensor,
     scale_b: torch.Tensor,
     out_dtype: torch.dtype,
+    use_fast_accum: bool = True,
 ) -> torch.Tensor:
-    """torch's scaled product of fp8 `a` and `b` as our kernels compute it (fp32 accumulators
-    without promotion): `torch._scaled_mm` with fast accumulation where it takes the call, else
-    the float32 product of the operands, scaled."""
+    """torch's scaled product of fp8 `a` and `b`, with or without fast accumulation as our
+    kernel accumulates (promoted or not): `torch._scaled_mm` where it takes the call, else the
+    float32 product of the operands, scaled."""
+    options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
     try:
-        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True)
+        return torch._scaled_mm(a, b, scale_a, scale_b, **options)
     except RuntimeError:  # sizes or a scaling cuBLASLt refuses: float32 takes them
         return scaled_reference(a, b, scale_a, scale_b).to(out_dtype)
 

@@ -38,6 +38,10 @@ class KernelSignature:
     batched: bool = False
     b_dtype: str = ""  # B's where it differs from A's (fp8: e4m3 with e5m2)
     scaling: str = ""  # fp8 only: "tensor" | "row" (`dtypes.SCALINGS`)
+    #: fp8 only: add each k-tile's partial sums into fp32 accumulators ("promotion", what
+    #: torch._scaled_mm does without use_fast_accum) rather than accumulate on the tensor
+    #: cores, which keep fewer bits
+    promoted: bool = False
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
@@ -55,6 +59,8 @@ class KernelSignature:
                 f"scaling={self.scaling!r}: fp8 products are scaled by one of "
                 f"{', '.join(dtypes.SCALINGS)}, other products not at all"
             )
+        if self.promoted and not self.fp8:
+            raise ValueError("promoted accumulation is for fp8 products only")
         outputs = dtypes.OUTPUTS_OF[self.ab_dtype]
         if self.out_dtype not in outputs:
             raise ValueError(
@@ -97,6 +103,7 @@ class KernelSignature:
             batched=problem.batched,
             b_dtype="" if b_dtype == a_dtype else b_dtype,
             scaling=problem.scaling,
+            promoted=problem.promoted,
         )
 
     def swapped(self) -> KernelSignature:
@@ -130,9 +137,10 @@ class KernelSignature:
     @property
     def key(self) -> str:
         """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out), with
-        fp8's types and scaling: `e4m3xe5m2_bf16_ak_bk_on_2d_row`."""
+        fp8's types, scaling and promotion: `e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted`."""
         rank = "3d" if self.batched else "2d"
         majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
         inputs = f"{self.ab_dtype}x{self.b_dtype}" if self.b_dtype else self.ab_dtype
         scaling = f"_{self.scaling}" if self.scaling else ""
-        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}"
+        promoted = "_promoted" if self.promoted else ""
+        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}"

@@ -136,14 +136,19 @@ def reference_product(a: torch.Tensor, b: torch.Tensor, scales: tuple = ()) -> t
 
 
 def torch_product(
-    a: torch.Tensor, b: torch.Tensor, scales: tuple = (), out_dtype: torch.dtype | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: tuple = (),
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = True,
 ) -> torch.Tensor:
     """torch's answer to `a @ b`, the contender ours must beat: torch.matmul (cuBLAS),
-    torch._int_mm for int8, torch._scaled_mm for fp8 (with `scales` and `out_dtype`)."""
+    torch._int_mm for int8, torch._scaled_mm for fp8 (with `scales`, `out_dtype` and
+    `use_fast_accum`)."""
     if a.dtype == torch.int8:
         return integer_matmul(a, b)
     if scales:
-        return scaled_matmul(a, b, *scales, out_dtype)
+        return scaled_matmul(a, b, *scales, out_dtype, use_fast_accum)
     return torch.matmul(a, b)
 
 
@@ -187,7 +192,8 @@ class GemmRunner:
         return run
 
     def _cublas(self) -> None:
-        torch_product(self.a, self.b, self.scales, self.out.dtype)
+        fast = not self.spec.signature.promoted
+        torch_product(self.a, self.b, self.scales, self.out.dtype, fast)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
         keys, runs = [], []

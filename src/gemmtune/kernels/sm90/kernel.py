@@ -71,6 +71,7 @@ class HopperGemm:
         self.b_dtype = DSL_DTYPES[signature.b_input]
         self.applies_scales = bool(signature.scaling)
         self.per_row = signature.scaling == "row"
+        self.promoted = signature.promoted
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
         self.acc_dtype = accumulator_dtype(signature)
         self.a_layout, self.b_layout, self.c_layout = operand_layouts(signature)
@@ -458,6 +459,8 @@ class HopperGemm:
         accumulators = cute.make_rmem_tensor(
             thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, self.acc_dtype
         )
+        if cutlass.const_expr(self.promoted):
+            partials = cute.make_rmem_tensor(accumulators.shape, self.acc_dtype)
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
 
@@ -520,9 +523,27 @@ class HopperGemm:
                     cute.arch.barrier(
                         barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
-                read_state, release_state = mainloop.mma_tile(
-                    ab_pipeline, read_state, tiled_mma, accumulators, tCrA, tCrB, k_end - k_begin
-                )
+                if cutlass.const_expr(self.promoted):
+                    read_state = mainloop.mma_tile_promoted(
+                        ab_pipeline,
+                        read_state,
+                        tiled_mma,
+                        accumulators,
+                        partials,
+                        tCrA,
+                        tCrB,
+                        k_end - k_begin,
+                    )
+                else:
+                    read_state, release_state = mainloop.mma_tile(
+                        ab_pipeline,
+                        read_state,
+                        tiled_mma,
+                        accumulators,
+                        tCrA,
+                        tCrB,
+                        k_end - k_begin,
+                    )
                 if cutlass.const_expr(not self.cooperative):
                     cute.arch.barrier_arrive(
                         barrier_id=MMA_ORDER_BARRIER + 1 - consumer, number_of_threads=2 * wg
@@ -530,7 +551,8 @@ class HopperGemm:
                     cute.arch.barrier(
                         barrier_id=EPILOGUE_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
-                mainloop.drain(ab_pipeline, release_state)
+                if cutlass.const_expr(not self.promoted):
+                    mainloop.drain(ab_pipeline, release_state)
                 if cutlass.const_expr(self.applies_scales):
                     # scaling is linear: each split's partial is scaled before the reduction
                     tile_coords = None

@@ -131,6 +131,40 @@ def mma_tile(
 
 
 @cute.jit
+def mma_tile_promoted(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    accumulators: cute.Tensor,
+    partials: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+    k_tiles: Int32,
+):
+    """`mma_tile` with fp8 promotion: each k-tile's WGMMAs sum into `partials` (from zero),
+    which are then added to the fp32 `accumulators`, so the tensor cores' reduced-precision
+    sums span one k-tile (128 elements) only, as cuBLAS does without fast accumulation. The
+    addition needs the k-tile's WGMMAs retired, so k-tiles do not overlap in the warpgroup
+    (the other warpgroup's WGMMAs fill the gap); every stage is freed here (no `drain`).
+    Returns the next read state."""
+    num_k_blocks = cute.size(tCrA, mode=[2])
+    accumulators.fill(0.0)
+    for _ in range(k_tiles):
+        ab_pipeline.consumer_wait(read_state)
+        cute.nvgpu.warpgroup.fence()
+        for k_block in cutlass.range_constexpr(num_k_blocks):
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
+            coord = (None, None, k_block, read_state.index)
+            cute.gemm(tiled_mma, partials, tCrA[coord], tCrB[coord], partials)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        ab_pipeline.consumer_release(read_state)
+        read_state.advance()
+        accumulators.store(accumulators.load() + partials.load())
+    return read_state
+
+
+@cute.jit
 def drain(ab_pipeline: pipeline.PipelineTmaAsync, release_state: pipeline.PipelineState):
     """Wait for the last WGMMA batch and free its stage."""
     cute.nvgpu.warpgroup.wait_group(0)

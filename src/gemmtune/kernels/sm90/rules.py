@@ -225,11 +225,17 @@ BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
 
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
-    would spill, or None: more than 192 accumulator registers with a batch index to carry,
+    would spill, or None: promoted fp8 accumulation's two register tiles beyond what a
+    consumer holds, more than 192 accumulator registers with a batch index to carry,
     192 or more stored directly to an M-major output, and `BATCHED_SPILLING_TILES`. The compile
     test of every signature checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
+    if built_for.promoted and 2 * regs > max_accumulator_registers(config):
+        return (
+            f"promoted accumulation holds a k-tile's partial sums beside the accumulators: "
+            f"2 x {regs} registers per thread, more than {max_accumulator_registers(config)}"
+        )
     if built_for.batched and regs > 192:
         return f"{regs} accumulator registers per thread spill with a batch dimension"
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
