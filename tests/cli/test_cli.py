@@ -328,6 +328,11 @@ def test_bench_without_a_gpu(capsys, no_gpu):
     assert "Traceback" not in captured.err and captured.out == ""
 
 
+def test_bench_of_fp8_needs_the_layout_scaled_mm_takes(capsys):
+    assert main(["bench", "--dtype", "e4m3", "--layout", "kn"]) == 2
+    assert "fp8 needs --layout nk" in capsys.readouterr().err
+
+
 def test_bench_with_an_unreadable_suite(capsys, tmp_path):
     assert main(["bench", "--shapes", str(tmp_path / "missing.json")]) == 2
     assert "cannot read the shape suite" in capsys.readouterr().err

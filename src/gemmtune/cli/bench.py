@@ -231,6 +231,11 @@ def run(args: argparse.Namespace) -> int:
         shapes = load_shape_suite(args.shapes, args.suite)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return fail(f"gemmtune bench: cannot read the shape suite {args.shapes or ''}: {exc}")
+    if args.dtype in FP8 and args.layout != "nk":
+        return fail(
+            "gemmtune bench: fp8 needs --layout nk (torch._scaled_mm, and gemmtune.scaled_mm, "
+            "take b column-major: x @ w.t())"
+        )
     import torch
 
     if not torch.cuda.is_available():
