@@ -98,3 +98,12 @@ def test_batched_signatures_refuse_the_192_row_tiles_that_spill():
         assert rules.signature_reason(config, flat) is None
     for tile_n in (128, 192):  # compiled clean batched
         assert rules.signature_reason(GemmConfig(tile_m=192, tile_n=tile_n), batched) is None
+
+
+def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
+    from gemmtune.core.config import GemmConfig
+    from gemmtune.kernels.sm90 import rules as sm90
+
+    assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=128)) == 2  # 3 x 64 <= 200
+    assert sm90.promotion_buffers(GemmConfig(tile_m=64, tile_n=16, schedule="pingpong")) == 2
+    assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=192)) == 1  # 3 x 96 > 200

@@ -461,6 +461,9 @@ class HopperGemm:
         )
         if cutlass.const_expr(self.promoted):
             partials = cute.make_rmem_tensor(accumulators.shape, self.acc_dtype)
+            spare = None
+            if cutlass.const_expr(rules.promotion_buffers(self.config) == 2):
+                spare = cute.make_rmem_tensor(accumulators.shape, self.acc_dtype)
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
 
@@ -530,6 +533,7 @@ class HopperGemm:
                         tiled_mma,
                         accumulators,
                         partials,
+                        spare,
                         tCrA,
                         tCrB,
                         k_end - k_begin,

@@ -131,36 +131,96 @@ def mma_tile(
 
 
 @cute.jit
+def _issue_k_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    read_state: pipeline.PipelineState,
+    tiled_mma: cute.TiledMma,
+    partials: cute.Tensor,
+    tCrA: cute.Tensor,
+    tCrB: cute.Tensor,
+):
+    """Wait for the k-tile at `read_state` and issue its WGMMAs into `partials`, from zero;
+    returns the state of the next k-tile and the MMA (whose accumulate field it set), which the
+    caller rebinds: the DSL carries values across its loops through plain local variables only,
+    not through objects a helper changed."""
+    ab_pipeline.consumer_wait(read_state)
+    cute.nvgpu.warpgroup.fence()
+    for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
+        coord = (None, None, k_block, read_state.index)
+        cute.gemm(tiled_mma, partials, tCrA[coord], tCrB[coord], partials)
+    cute.nvgpu.warpgroup.commit_group()
+    read_state.advance()
+    return read_state, tiled_mma
+
+
+@cute.jit
+def _retire_k_tile(
+    ab_pipeline: pipeline.PipelineTmaAsync,
+    release_state: pipeline.PipelineState,
+    accumulators: cute.Tensor,
+    partials: cute.Tensor,
+    in_flight: cutlass.Constexpr,
+):
+    """Once at most `in_flight` k-tiles' WGMMAs are still running, free the oldest k-tile's
+    stage and add its `partials` to the fp32 `accumulators`; returns the next stage to free."""
+    cute.nvgpu.warpgroup.wait_group(in_flight)
+    ab_pipeline.consumer_release(release_state)
+    release_state.advance()
+    accumulators.store(accumulators.load() + partials.load())
+    return release_state
+
+
+@cute.jit
 def mma_tile_promoted(
     ab_pipeline: pipeline.PipelineTmaAsync,
     read_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
     accumulators: cute.Tensor,
     partials: cute.Tensor,
+    spare: cute.Tensor | None,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     k_tiles: Int32,
 ):
-    """`mma_tile` with fp8 promotion: each k-tile's WGMMAs sum into `partials` (from zero),
-    which are then added to the fp32 `accumulators`, so the tensor cores' reduced-precision
-    sums span one k-tile (128 elements) only, as cuBLAS does without fast accumulation. The
-    addition needs the k-tile's WGMMAs retired, so k-tiles do not overlap in the warpgroup
-    (the other warpgroup's WGMMAs fill the gap); every stage is freed here (no `drain`).
-    Returns the next read state."""
-    num_k_blocks = cute.size(tCrA, mode=[2])
+    """`mma_tile` with fp8 promotion: each k-tile's WGMMAs sum into a register tile of partial
+    sums (from zero), which is then added to the fp32 `accumulators`, so the tensor cores'
+    reduced-precision sums span one k-tile (128 elements) only, as cuBLAS does without fast
+    accumulation. The addition needs the k-tile's WGMMAs retired. With a `spare` tile (where
+    three register tiles fit, `rules.promotion_buffers`) k-tile i+1 is issued into one tile
+    while k-tile i's is added from the other, so the warpgroup's WGMMAs keep running; without,
+    each k-tile waits for the one before. Every stage is freed here (no `drain`). Returns the
+    next read state."""
     accumulators.fill(0.0)
-    for _ in range(k_tiles):
-        ab_pipeline.consumer_wait(read_state)
-        cute.nvgpu.warpgroup.fence()
-        for k_block in cutlass.range_constexpr(num_k_blocks):
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
-            coord = (None, None, k_block, read_state.index)
-            cute.gemm(tiled_mma, partials, tCrA[coord], tCrB[coord], partials)
-        cute.nvgpu.warpgroup.commit_group()
-        cute.nvgpu.warpgroup.wait_group(0)
-        ab_pipeline.consumer_release(read_state)
-        read_state.advance()
-        accumulators.store(accumulators.load() + partials.load())
+    release_state = read_state.clone()
+    if cutlass.const_expr(spare is None):
+        for _ in range(k_tiles):
+            read_state, tiled_mma = _issue_k_tile(
+                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+            )
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 0)
+    else:
+        # k-tiles alternate between the two tiles: even ones in `partials`, odd in `spare`
+        read_state, tiled_mma = _issue_k_tile(
+            ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+        )
+        for _ in range((k_tiles - 1) // 2):
+            read_state, tiled_mma = _issue_k_tile(
+                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB
+            )
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 1)
+            read_state, tiled_mma = _issue_k_tile(
+                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+            )
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, spare, 1)
+        if (k_tiles - 1) % 2 == 1:
+            read_state, tiled_mma = _issue_k_tile(
+                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB
+            )
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 1)
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, spare, 0)
+        else:
+            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 0)
     return read_state
 
 

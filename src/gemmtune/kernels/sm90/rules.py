@@ -121,6 +121,13 @@ def max_accumulator_registers(config: GemmConfig) -> int:
     return register_split(config)[1] - CONSUMER_OVERHEAD_REGISTERS
 
 
+def promotion_buffers(config: GemmConfig) -> int:
+    """Register tiles of partial sums a promoted fp8 binary keeps beside its accumulators: two
+    where three tiles fit a consumer's registers (one k-tile's WGMMAs run while the other's
+    sums are added), else one (`signature_reason` refuses tiles where two do not fit)."""
+    return 2 if 3 * accumulator_registers(config) <= max_accumulator_registers(config) else 1
+
+
 def epi_tile(config: GemmConfig) -> tuple[int, int]:
     """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide (16
     when 32 does not divide the tile)."""
