@@ -108,3 +108,11 @@ def test_scaled_reference_scales_per_tensor_and_per_row():
     assert torch.equal(per_tensor, torch.full((3, 2), 4.0))
     rows, cols = torch.tensor([[1.0], [2.0], [3.0]]), torch.tensor([[1.0, 10.0]])
     assert torch.equal(scaled_reference(a, b, rows, cols), 4 * rows * cols)
+
+
+def test_an_fp8_problem_by_shape_for_tuning_ahead():
+    p = GemmProblem.of_shape(
+        16, 8192, 8192, dtype=E4M3, b_dtype=E5M2, layout="tt", scaling="row", promoted=True,
+        device="cuda", arch=Arch.SM90,
+    )  # fmt: skip
+    assert p.supported and KernelSignature.of(p).key == "e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted"

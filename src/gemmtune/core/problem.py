@@ -234,11 +234,13 @@ class GemmProblem:
         arch: Arch | None = None,
         b_dtype: torch.dtype | None = None,
         scaling: str | None = None,
+        promoted: bool = False,
     ) -> GemmProblem:
         """The problem of `a @ b` for dense tensors of these sizes, without the tensors (to tune
         ahead of time): `layout` names A then B, "t" for K-major (row-major a @ b is "tn"),
         `out_major` "n" for a row-major output; `l` makes it a batch of `l` products; `b_dtype`
-        is B's type where it differs from `dtype` (fp8), `scaling` an fp8 product's."""
+        is B's type where it differs from `dtype` (fp8), `scaling` and `promoted` an fp8
+        product's."""
         if len(layout) != 2 or set(layout) - {"t", "n"}:
             raise ValueError(f"layout {layout!r}: use tn, nn, nt or tt (A then B, t = K-major)")
         if out_major not in ("n", "m"):
@@ -257,7 +259,7 @@ class GemmProblem:
         b = operand(k, n, layout[1] == "t", b_dtype or dtype)
         out_dtype = out_dtype or default_out_dtype(dtype)
         out = operand(m, n, out_major == "m", out_dtype)
-        return cls.from_operands(a, b, out, arch=arch, scaling=scaling)
+        return cls.from_operands(a, b, out, arch=arch, scaling=scaling, promoted=promoted)
 
     @classmethod
     def from_operands(
