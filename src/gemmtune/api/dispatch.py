@@ -80,6 +80,15 @@ def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None)
     )  # fmt: skip
 
 
+def scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> tuple:
+    """What decides a scaled (fp8) call's plan: the operands' and scales' shapes, strides and
+    dtypes, the device and the call's arguments."""
+    return (
+        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
+        scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
+    )  # fmt: skip
+
+
 def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
     """The narrowest torch function that computes `a @ b` for these ranks: torch.mm and
     torch.bmm skip torch.matmul's broadcasting logic, a measurable part of a small call. int8
@@ -296,10 +305,7 @@ class Dispatcher:
         torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
         it; its plan serves the calls after."""
         device = a.get_device()
-        key = (
-            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, device,
-            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
-        )  # fmt: skip
+        key = scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
         plan = self.plans.get(key)
         options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
         if plan is None:
@@ -326,11 +332,9 @@ class Dispatcher:
         self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool = True
     ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
-        key = (
-            a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
-            scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
+        return self.plans.get(
+            scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
         )  # fmt: skip
-        return self.plans.get(key)
 
     def _scaled_plan(self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> Plan:
         """The plan of a scaled product torch has accepted: our kernel where one serves it."""

@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from gemmtune.core.problem import FP8_DTYPES
+
 aten = torch.ops.aten
 #: input dtypes whose products the pass hands to `gemmtune::mm`
 FLOAT_INPUTS = (torch.bfloat16, torch.float16)
-#: input dtypes whose scaled products go to `gemmtune::scaled_mm` (A and B may differ)
-FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _fake(node: object) -> torch.Tensor | None:
@@ -66,7 +66,8 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
                 node.target = int_mm
                 rewritten += 1
         elif node.target is aten._scaled_mm.default:
-            if _ours(*node.args[:2], FP8_INPUTS, mixed=True):
+            # fp8 scaled products, A's and B's types apart (e4m3 with e5m2)
+            if _ours(*node.args[:2], FP8_DTYPES, mixed=True):
                 node.target = scaled_mm  # the same arguments: calls ours does not serve go on
                 rewritten += 1
         elif node.target is aten.addmm.default:

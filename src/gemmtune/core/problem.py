@@ -41,7 +41,7 @@ INT_MM_MIN_ROWS = 17
 #: What a product of floating inputs may be written as
 FLOAT_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 #: What a product of fp8 inputs may be written as
-FP8_OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8_OUTPUT_DTYPES = tuple(map(dtypes.torch_dtype, dtypes.OUTPUTS_OF[dtypes.FP8[0]]))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from gemmtune.core import dtypes
+
 #: relative Frobenius error allowed per output dtype: a few units of its rounding error, and far
 #: below what a wrong tile, a missed k-tile or an unwritten element produces
 TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3, torch.float32: 1e-4, torch.int32: 0.0}
@@ -21,7 +23,6 @@ TOLERANCE = {torch.bfloat16: 1.5e-2, torch.float16: 4e-3, torch.float32: 1e-4, t
 #: keep an fp8 product's fp32 accumulators to fewer bits than fp32 (what torch._scaled_mm's
 #: `use_fast_accum=True` accepts), which a float32 output would otherwise be held to
 FP8_ACCUMULATION_TOLERANCE = 1e-2
-FP8_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 #: What an integer output is poisoned with before a run: no int8 product sums to it
 INTEGER_POISON = -(2**31)
@@ -49,7 +50,7 @@ def tolerance(out_dtype: torch.dtype, input_dtype: torch.dtype | None = None) ->
     ours, for a dtype we do not write: a user's `@autotune` function may return any), of a
     product of `input_dtype` inputs (fp8: at least `FP8_ACCUMULATION_TOLERANCE`)."""
     allowed = TOLERANCE.get(out_dtype, TOLERANCE[torch.bfloat16])
-    if input_dtype in FP8_INPUTS:
+    if dtypes.name_of(input_dtype) in dtypes.FP8:
         allowed = max(allowed, FP8_ACCUMULATION_TOLERANCE)
     return allowed
 
