@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    from gemmtune.api.dispatch import DISPATCHER, plan, tuned_gemm
+    from gemmtune.api.dispatch import DISPATCHER, Dispatcher, plan, tuned_gemm
     from gemmtune.cache.results import ResultsCache, TunedRecord
     from gemmtune.core.config import CUBLAS
     from gemmtune.core.problem import GemmProblem
@@ -77,12 +77,14 @@ def main(argv: list[str] | None = None) -> Path:
     if ours.config is None or theirs.config is not None:
         raise SystemExit(f"the cached records were not followed: {ours.reason}, {theirs.config}")
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
+    python_keyed = Dispatcher(chooser, signature=None).gemm  # the key read from Python
     contenders = {
         "torch_mm": lambda: torch.mm(a, b),
         "tuned_gemm_ours": lambda: tuned_gemm(a, b),
         "torch_mm_cublas_bucket": lambda: torch.mm(a2, b2),
         "tuned_gemm_cublas": lambda: tuned_gemm(a2, b2),
         "tuned_gemm_off": lambda: tuned_gemm(a, b, mode="off"),
+        "tuned_gemm_cublas_python_key": lambda: python_keyed(a2, b2),
         "launcher_direct": lambda: ours.launcher(a, b, out, *ours.args),
     }
     for fn in contenders.values():
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> Path:
         ("dispatch_ours", "tuned_gemm_ours", "torch_mm", ours.config.key),
         ("dispatch_cublas", "tuned_gemm_cublas", "torch_mm_cublas_bucket", "torch.mm"),
         ("dispatch_off", "tuned_gemm_off", "torch_mm", "torch.mm"),
-    )
+        ("dispatch_cublas_python_key", "tuned_gemm_cublas_python_key", "torch_mm_cublas_bucket",
+         "torch.mm"),
+    )  # fmt: skip
     for what, name, torch_name, config in excess:
         rows.append(
             {
@@ -120,7 +124,9 @@ def main(argv: list[str] | None = None) -> Path:
         f"{args.calls} back-to-back calls, {args.loops} rounds of one loop per contender in a "
         "rotating order; us: median of the loops' mean time per call; dispatch_*: median over "
         "rounds of tuned_gemm's loop minus torch.mm's loop of the same round, same tensors "
-        "(dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128)"
+        "(dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128; *_python_key: "
+        f"the plan key read from Python, not by the C extension; extension built: "
+        f"{DISPATCHER.signature is not None})"
     )
     return write_results("overhead", method, rows, args.out_dir)
 

@@ -13,6 +13,9 @@ fi
 OUT=${OUT:-/tmp/gemmtune-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the plan-cache key in C (optional: without it tuned_gemm reads the key from Python)
+python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 ||
+  echo "the _signature extension was not built (see $OUT/build_ext.txt)"
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in

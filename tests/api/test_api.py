@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gemmtune.api.choice import SWITCH_MARGIN, ConfigChooser
-from gemmtune.api.dispatch import Dispatcher, resolve_mode, tuned_gemm
+from gemmtune.api.dispatch import NATIVE_SIGNATURE, Dispatcher, resolve_mode, tuned_gemm
 from gemmtune.cache.buckets import Environment
 from gemmtune.cache.results import ResultsCache
 from gemmtune.core.config import GemmConfig
@@ -44,9 +44,12 @@ def chooser(tmp_path):
     )
 
 
-@pytest.fixture
-def dispatcher(chooser):
-    return Dispatcher(chooser)
+@pytest.fixture(params=["native", "python"])
+def dispatcher(request, chooser):
+    """A dispatcher keyed by the C signature and one keyed from Python: both must behave alike."""
+    if request.param == "native" and NATIVE_SIGNATURE is None:
+        pytest.skip("the _signature extension is not built")
+    return Dispatcher(chooser, NATIVE_SIGNATURE if request.param == "native" else None)
 
 
 def test_tune_mode_tunes_once_per_bucket_then_hits(chooser):
@@ -250,7 +253,7 @@ def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
         lambda *args: launches.append(args), (), TUNED, (64, 48), (48, 1), torch.bfloat16, a.device
     )
     for x in (a, shifted):
-        dispatcher.plans[plan_key(x, b, None, None, None)] = plan
+        dispatcher.plans[plan_key(x, b, None, None, None, dispatcher.signature)] = plan
     out = dispatcher(a, b)
     assert len(launches) == 1 and out.shape == (64, 48)  # our (pretend) kernel ran
     torch.testing.assert_close(dispatcher(shifted, b), shifted @ b)

@@ -8,8 +8,9 @@
                  KernelCache        config -> compiled kernel (level 1: dict, disk, compile)
 
 The hot path is the plan lookup: its key is what `a`, `b` and `out` say about themselves
-(shapes, strides, a's dtype and device) and the call's arguments, so a hit builds one tuple and
-does one dictionary lookup before the launch. Everything else (validation, the mode from the
+(ranks, shapes, strides, dtypes, devices: one C call, `_signature.c`, or Python's attribute
+reads where the extension is not built) and the call's arguments, so a hit does one dictionary
+lookup before the launch. Everything else (validation, the mode from the
 environment, the choice, the kernel, its workspace) is settled when the plan is made, once per
 tensor signature and mode.
 
@@ -67,17 +68,52 @@ class Plan:
     torch_op: Callable = torch.matmul  # what serves a call without out/out_dtype where torch does
 
 
-def plan_key(a: torch.Tensor, b: torch.Tensor, out, out_dtype, mode: str | None) -> tuple:
-    """What decides a call's plan: the tensors' shapes and strides, a's dtype and device, and
-    the call's arguments (`dispatch_function` builds the same tuple inline). b's dtype and
-    device are not in it: a plan is made only where they equal a's, and a call where they do
-    not is one torch refuses, or one our kernel's launch checks."""
+def python_signature(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple:
+    """What the tensors of a call say about themselves that decides its plan: each one's
+    shape, strides, dtype and device, read from Python. `tensor_signature` (C) reads the same
+    facts in one call; this serves where it is not built or cannot read a tensor."""
     if out is None:
-        return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), out_dtype, mode)
+        return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
+                b.get_device())  # fmt: skip
     return (
-        a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.get_device(), out_dtype, mode,
-        out.shape, out.stride(), out.dtype,
+        a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype,
+        b.get_device(), out.shape, out.stride(), out.dtype, out.get_device(),
     )  # fmt: skip
+
+
+def native_signature() -> Callable[..., bytes | None] | None:
+    """`_signature.tensor_signature` bound to torch's DLPack exchange API, or None where the
+    extension was not built (no C compiler at install) or this torch publishes no such API."""
+    try:
+        from gemmtune.api import _signature
+    except ImportError:
+        return None
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if api is None or not _signature.bind(api):
+        return None
+    return _signature.tensor_signature
+
+
+NATIVE_SIGNATURE = native_signature()
+
+
+def plan_key(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out,
+    out_dtype,
+    mode: str | None,
+    signature: Callable | None = NATIVE_SIGNATURE,
+) -> object:
+    """What decides a call's plan: the tensors' signature (rank, shapes, strides, dtypes and
+    devices: one bytes object where the C `signature` reads them, else a tuple), with the
+    call's `out_dtype` and `mode` where either is given. `dispatch_function` builds the same
+    key inline."""
+    tensors = (a, b) if out is None else (a, b, out)
+    key = signature(*tensors) if signature is not None else None
+    if key is None:
+        key = python_signature(*tensors)
+    return key if out_dtype is None and mode is None else (key, out_dtype, mode)
 
 
 def scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> tuple:
@@ -107,13 +143,15 @@ def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
 def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
     """`dispatcher`'s hot path, as `tuned_gemm(a, b, *, out, out_dtype, mode)`.
 
-    `plan_key` inlined, one dictionary lookup, the launch. Every tensor attribute read and
-    every Python call here costs tens of nanoseconds, and a cached call must cost the host no
-    more than `torch.mm`'s own call plus about a microsecond: read nothing twice, call no
-    helper, and find the plans as a closure's variable rather than an attribute."""
+    `plan_key` inlined, one dictionary lookup, the launch. A cached call must cost the host no
+    more than `torch.mm`'s own call plus about a microsecond: the key is one C call where the
+    extension is built (every tensor attribute read from Python costs tens of nanoseconds),
+    nothing is read twice, no helper is called, and the plans are a closure's variable rather
+    than an attribute."""
     plans = dispatcher.plans
     new_plan = dispatcher.new_plan
     stream_args = dispatcher.stream_args
+    signature = dispatcher.signature or python_signature
     # the cheapest way torch offers from Python to allocate a tensor of a given shape, dtype
     # and device: no TensorOptions merged with a's, as `a.new_empty` does
     empty_strided = torch.empty_strided
@@ -132,33 +170,26 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
         afterwards it dispatches. What our kernels do not serve goes to torch.matmul; wrong
         calls raise.
         """
-        device = a.get_device()
-        if out is None:
-            key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, device, out_dtype, mode)
-        else:
-            key = (
-                a.shape, a.stride(), b.shape, b.stride(), a.dtype, device, out_dtype, mode,
-                out.shape, out.stride(), out.dtype,
-            )  # fmt: skip
+        key = signature(a, b) if out is None else signature(a, b, out)
+        if key is None:
+            key = python_signature(a, b, out)
+        if out_dtype is not None or mode is not None:
+            key = (key, out_dtype, mode)
         plan = plans.get(key) or new_plan(key, a, b, out, out_dtype, mode)
         launcher = plan.launcher
         if launcher is None:
             if out is None and out_dtype is None:
                 return plan.torch_op(a, b)
             return fallback_matmul(a, b, out, out_dtype)
-        # The plan was made for these strides, for a b of a's dtype and device: a call that
-        # breaks that, or whose pointers break the alignment, goes where torch decides.
-        if (
-            b.dtype is not a.dtype
-            or b.get_device() != device
-            or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
-        ):
+        # The plan was made for these strides, dtypes and devices; a call whose pointers break
+        # the alignment it assumes goes where torch decides.
+        if (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES:
             return fallback_matmul(a, b, out, out_dtype)
         if out is None:
             out = empty_strided(
                 plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
             )
-        elif out.get_device() != device or out.data_ptr() % ALIGNMENT_BYTES:
+        elif out.data_ptr() % ALIGNMENT_BYTES:
             return fallback_matmul(a, b, out, out_dtype)
         args = plan.args if plan.workspace_stream is None else stream_args(plan, a, b)
         launcher(a, b, out, *args)
@@ -182,8 +213,14 @@ def unit_scales(device: torch.device) -> tuple:
 class Dispatcher:
     """The state behind `tuned_gemm`: plans, kernels, and the chooser of configs."""
 
-    def __init__(self, chooser: ConfigChooser | None = None):
+    def __init__(
+        self,
+        chooser: ConfigChooser | None = None,
+        signature: Callable[..., bytes | None] | None = NATIVE_SIGNATURE,
+    ):
         self.chooser = chooser or ConfigChooser()
+        #: the plan key's tensor signature in C; None: read from Python (`python_signature`)
+        self.signature = signature
         self.plans: dict[tuple, Plan] = {}
         self.kernel_caches: dict[str, object] = {}
         self.fallbacks_logged: set[str] = set()
@@ -210,7 +247,7 @@ class Dispatcher:
     ) -> Plan:
         """How `a @ b` is computed (found once per tensor signature, tuning if the mode says
         so): a `Plan` whose `config` is None where torch.matmul serves, with the reason."""
-        key = plan_key(a, b, out, out_dtype, mode)
+        key = plan_key(a, b, out, out_dtype, mode, self.signature)
         return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode)
 
     def new_plan(self, key: tuple, a, b, out, out_dtype, mode: str | None) -> Plan:
