@@ -91,23 +91,53 @@ def _timing(times: list[float]) -> Timing:
     return Timing(statistics.median(times), deciles[0], deciles[-1], len(times))
 
 
-def _warm_up(fns: list[Callable[[], object]], warmup_ms: float) -> float:
-    """Run `fns` in turn for at least `warmup_ms` of device time; returns the ms of one turn."""
+def _warm_up(fns: list[Callable[[], object]], warmup_ms: float) -> tuple[float, float]:
+    """Run `fns` in turn for at least `warmup_ms` of device time; returns the device ms of one
+    turn and the host ms one turn takes to launch."""
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for fn in fns:
         fn()
     torch.cuda.current_stream().synchronize()
-    warm, turns = 0.0, 0
+    warm, host_s, turns = 0.0, 0.0, 0
     while warm < warmup_ms or turns == 0:
         start.record()
+        launched = time.perf_counter()
         for _ in range(5):
             for fn in fns:
                 fn()
+        host_s += time.perf_counter() - launched
         stop.record()
         stop.synchronize()
         warm += start.elapsed_time(stop)
         turns += 5
-    return warm / turns
+    return warm / turns, host_s * 1e3 / turns
+
+
+#: Cycles per microsecond the hold counts with: about the top SM clock of the GPUs served
+#: (1.98 GHz on an H100 or H200), so at lower clocks a hold lasts longer, never shorter.
+HOLD_CYCLES_PER_US = 2000
+#: Host time a run spends besides `fn` (the flush, the hold, two events) on a slow host.
+HOLD_MARGIN_US = 25.0
+
+
+class LaunchHold:
+    """Keeps the GPU busy, after the flush and before a timed run's first event, for longer
+    than the host takes to launch the run.
+
+    A timed run is `start.record(); fn(); stop.record()`: if the GPU reaches `start` before the
+    host has launched `fn`, the events time the host's launch path as well as the kernel, and
+    a 10-30 µs kernel behind a 15 µs launch (torch._scaled_mm, or any call with Python in it
+    on a slow host) reads up to twice its time, by chance from run to run. A spin kernel
+    (`torch.cuda._sleep`) of the host's launch time plus a margin, queued after the flush, lets
+    the host get ahead, so every timed kernel is already queued when its `start` is reached,
+    as kernels are back to back in a model. It moves no memory: the flushed L2 stays cold."""
+
+    def __init__(self, host_ms_per_call: float):
+        hold_us = min(host_ms_per_call * 1e3 + HOLD_MARGIN_US, 1000.0)
+        self.cycles = int(hold_us * HOLD_CYCLES_PER_US)
+
+    def __call__(self) -> None:
+        torch.cuda._sleep(self.cycles)
 
 
 def _event_pairs(count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
@@ -121,11 +151,13 @@ def _event_pairs(count: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
 def _timed_call(
     fn: Callable[[], object],
     flush: Callable[[], None] | None,
+    hold: LaunchHold,
     events: tuple[torch.cuda.Event, torch.cuda.Event],
 ) -> None:
-    """Flush (outside the timed region), then launch `fn` between the two events."""
+    """Flush and hold (outside the timed region), then launch `fn` between the two events."""
     if flush is not None:
         flush()
+    hold()
     events[0].record()
     fn()
     events[1].record()
@@ -155,11 +187,12 @@ def time_side_by_side(
     each function is captured in a CUDA graph and replayed (`as_graph`)."""
     if graph:
         fns = [as_graph(fn) for fn in fns]
-    _warm_up(fns, warmup_ms)
+    _, host_ms = _warm_up(fns, warmup_ms)
+    hold = LaunchHold(host_ms / len(fns))
     events = [_event_pairs(len(fns)) for _ in range(runs)]
     for run in events:
         for fn, pair in zip(fns, run, strict=True):
-            _timed_call(fn, flush, pair)
+            _timed_call(fn, flush, hold, pair)
     torch.cuda.current_stream().synchronize()
     return [_timing([run[i][0].elapsed_time(run[i][1]) for run in events]) for i in range(len(fns))]
 
@@ -187,11 +220,12 @@ def time_in_windows(
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for fn, measured in zip(fns, times, strict=True):
-            per_run = _warm_up([fn], warmup_ms)
+            per_run, host_ms = _warm_up([fn], warmup_ms)
+            hold = LaunchHold(host_ms)
             runs = max(1, min(max_runs, math.ceil(window_ms / max(per_run, 1e-3))))
             events = _event_pairs(runs)
             for pair in events:
-                _timed_call(fn, flush, pair)
+                _timed_call(fn, flush, hold, pair)
             torch.cuda.current_stream().synchronize()
             measured.extend(begin.elapsed_time(end) for begin, end in events)
     return [_timing(t) for t in times]
