@@ -260,6 +260,35 @@ def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
     assert len(launches) == 1
 
 
+def test_a_call_that_wants_a_gradient_is_recorded_by_autograd(dispatcher):
+    """Our kernels record no gradient: where one would serve a call whose operands require
+    grad (grad mode on), the call goes through `gemmtune::mm`, whose backward gives a's and
+    b's gradients; under no_grad the kernel serves it. With `out=`, torch computes it and `out`
+    carries the history of the copy into it."""
+    from gemmtune.api.dispatch import Plan, plan_key
+
+    launches = []
+    a = torch.randn(64, 32, requires_grad=True)
+    b = torch.randn(32, 48, requires_grad=True)
+    plan = Plan(
+        lambda *args: launches.append(args), (), TUNED, (64, 48), (48, 1), torch.float32, a.device
+    )
+    dispatcher.plans[plan_key(a, b, None, None, None, dispatcher.signature)] = plan
+    out = dispatcher(a, b)
+    assert not launches and out.grad_fn is not None
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(a.grad, torch.ones(64, 48) @ b.detach().t())
+    torch.testing.assert_close(b.grad, a.detach().t() @ torch.ones(64, 48))
+    with torch.no_grad():
+        dispatcher(a, b)
+    assert len(launches) == 1
+    target = torch.empty(64, 48)
+    dispatcher.plans[plan_key(a, b, target, None, None, dispatcher.signature)] = plan
+    assert dispatcher(a, b, out=target) is target and target.grad_fn is not None
+    torch.testing.assert_close(target, a @ b)
+    assert len(launches) == 1
+
+
 def test_int_mm_hands_torch_int_mm_what_our_kernels_cannot_take(monkeypatch):
     """Off the GPU, or where torch._int_mm refuses the call, `int_mm` is torch._int_mm: the same
     answer, the same error; `tuned_gemm` is never asked."""

@@ -90,6 +90,25 @@ def test_captured_in_a_cuda_graph_and_replayed(tmp_path, monkeypatch, entry, dec
         assert ok, f"replay of a captured {decomposition} GEMM: rel err {err}"
 
 
+def test_gradients_flow_where_our_kernel_serves(tmp_path, monkeypatch):
+    """Operands that require grad: tuned_gemm's result carries autograd's history (through
+    `gemmtune::mm`, whose forward and backward run our kernel) and the gradients match
+    torch's; under no_grad our kernel serves the call directly."""
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS["data_parallel"])
+    monkeypatch.setattr(dispatch, "tuned_gemm", d.gemm)  # what the op calls
+    a = torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(1536, 640, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = d(a, b)
+    assert out.grad_fn is not None and check(out, a.float() @ b.float())[0]
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert check(a.grad, grad.float() @ b.detach().float().t())[0]
+    assert check(b.grad, a.detach().float().t() @ grad.float())[0]
+    with torch.no_grad():
+        assert d(a, b).grad_fn is None
+    assert d.plan(a, b).launcher is not None
+
+
 def test_concurrent_streams_get_their_own_workspace(tmp_path):
     d = _dispatcher(tmp_path, CAPTURED_CONFIGS["split_k"])
     streams = [torch.cuda.Stream() for _ in range(2)]

@@ -155,6 +155,7 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
     # the cheapest way torch offers from Python to allocate a tensor of a given shape, dtype
     # and device: no TensorOptions merged with a's, as `a.new_empty` does
     empty_strided = torch.empty_strided
+    is_grad_enabled = torch.is_grad_enabled
 
     def tuned_gemm(
         a: torch.Tensor,
@@ -181,6 +182,9 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
             if out is None and out_dtype is None:
                 return plan.torch_op(a, b)
             return fallback_matmul(a, b, out, out_dtype)
+        # our kernels record no gradient: a call that wants one goes through the op that does
+        if (a.requires_grad or b.requires_grad) and is_grad_enabled():
+            return with_autograd(a, b, out, out_dtype)
         # The plan was made for these strides, dtypes and devices; a call whose pointers break
         # the alignment it assumes goes where torch decides.
         if (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES:
@@ -196,6 +200,20 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
         return out
 
     return tuned_gemm
+
+
+def with_autograd(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, out_dtype: torch.dtype | None
+) -> torch.Tensor:
+    """`a @ b` where autograd must record it and our kernel would serve: through
+    `torch.ops.gemmtune.mm`, whose forward is the same kernel (run with grad mode off) and whose
+    backward is two more of them. With `out=`, `fallback_matmul`: torch computes the product
+    and copies it into `out`, whose gradient flows through the copy."""
+    if out is not None:
+        return fallback_matmul(a, b, out, out_dtype)
+    from gemmtune.api.torch_ops import mm
+
+    return mm(a, b, out_dtype)
 
 
 UNIT_SCALES: dict[torch.device, tuple] = {}
