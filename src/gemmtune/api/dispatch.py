@@ -239,7 +239,7 @@ class Dispatcher:
         self.chooser = chooser or ConfigChooser()
         #: the plan key's tensor signature in C; None: read from Python (`python_signature`)
         self.signature = signature
-        self.plans: dict[tuple, Plan] = {}
+        self.plans: dict[object, Plan] = {}  # plan_key -> Plan
         self.kernel_caches: dict[str, object] = {}
         self.fallbacks_logged: set[str] = set()
         #: `tuned_gemm` over this dispatcher's plans
@@ -268,7 +268,7 @@ class Dispatcher:
         key = plan_key(a, b, out, out_dtype, mode, self.signature)
         return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode)
 
-    def new_plan(self, key: tuple, a, b, out, out_dtype, mode: str | None) -> Plan:
+    def new_plan(self, key: object, a, b, out, out_dtype, mode: str | None) -> Plan:
         """Make, keep and return the plan of a call whose key `plans` lacks."""
         resolved = resolve_mode(mode)
         if resolved == "off":

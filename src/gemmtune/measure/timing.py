@@ -188,7 +188,7 @@ def time_side_by_side(
     if graph:
         fns = [as_graph(fn) for fn in fns]
     _, host_ms = _warm_up(fns, warmup_ms)
-    hold = LaunchHold(host_ms / len(fns))
+    hold = LaunchHold(host_ms)  # a whole turn's launches: it outlasts the slowest contender's
     events = [_event_pairs(len(fns)) for _ in range(runs)]
     for run in events:
         for fn, pair in zip(fns, run, strict=True):
