@@ -32,6 +32,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div
+from gemmtune.kernels.sm90.rules import FITTED_MIN_TILE_N
 from gemmtune.space.ranking import DeviceModel, RankingModel, family
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "src/gemmtune/space/calibration_sm_90.json"
@@ -68,7 +69,10 @@ def load(path: Path) -> dict[str, list[tuple[GemmConfig, float]]]:
 
 
 def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) -> dict:
-    """Per family, (a, c) minimising the relative error of waves * (a * k_tiles + c)."""
+    """Per family, (a, c) minimising the relative error of waves * (a * k_tiles + c). Narrow
+    tiles (decode batches') are left to the model's analytic estimate: the suite's shapes are
+    compute-bound, where they run many waves of little work and say nothing of a decode GEMM's
+    streaming rate."""
     points = defaultdict(list)
     for (shape, m, n, k), timed in data.items():
         if shape == leave_out:
@@ -78,6 +82,7 @@ def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) 
                 config.decomposition is not Decomposition.DATA_PARALLEL
                 or config.raster is not Raster.ALONG_M
                 or config.swizzle != 1
+                or config.tile_n < FITTED_MIN_TILE_N
             ):
                 continue
             grid = TileGrid.of(config, m, n, 1)

@@ -118,6 +118,13 @@ sm90_128x208_c2x2_coop_tma_streamk | 1000x1528x2056x1 | nn | bf16 bf16 | n
 sm90_128x256_c2x1_swap_coop_tma_streamk | 1000x1528x2056x2 | nt | bf16 fp32 | m
 sm90_128x128_c1x1_swap_coop_tma_sk4 |   520x512x32768x1 | tt | bf16 bf16 | n
 sm90_192x192_c1x2_swap_coop_st_dp  |        8x8x64x1 | nn | fp16 fp16 | m
+sm90_64x176_c1x2_swap_pp_tma_dp    |  333x4096x4096x1 | tt | bf16 bf16 | n
+sm90_128x80_c1x4_swap_coop_tma_dp  |  640x1800x3000x1 | tn | bf16 bf16 | n
+sm90_128x80_c4x1_pp_st_dp          |   1000x1528x2056x2 | nt | fp16 fp32 | m
+sm90_256x112_c1x4_coop_tma_streamk | 2999x4104x1000x1 | tn | bf16 bf16 | n
+sm90_64x112_c4x1_swap_pp_tma_sk3   |   520x512x32768x1 | tt | bf16 bf16 | n
+sm90_128x176_c1x4_coop_st_sk4      |  1000x1000x3000x2 | nn | bf16 fp32 | m
+sm90_192x80_c4x1_coop_tma_streamk  |    264x392x200x1 | tt | fp16 fp16 | n
 """
 
 

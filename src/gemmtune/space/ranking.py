@@ -15,7 +15,8 @@ The model is analytic in its structure and fitted in its constants:
 - An operand whose contiguous mode is M or N gets the 128-byte shared-memory swizzle only when
   its tile spans a multiple of 64 elements along that mode; a narrower swizzle costs
   `NARROW_SWIZZLE_COST` of `a_f` (families are fitted with row-major a and b, whose B is
-  N-major: a swapped config or another layout can gain or lose the narrow swizzle).
+  N-major: a swapped config or another layout can gain or lose the narrow swizzle; one that
+  gains the full swizzle takes `full_swizzle_constants`).
 - Writing and summing partial tiles (split-K, stream-K) follows the mainloop, so their cost
   (`publish_us_per_kb`, `gather_us_per_kb`) adds to the time even when memory bounds it.
   Stream-K's (`stream_k_*`) are measured, not fitted: a stream-K segment's partners finish
@@ -24,8 +25,10 @@ The model is analytic in its structure and fitted in its constants:
   charge alone would overstate for large tiles.
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
-`benchmarks/results/timings-*.json.gz`); a family without measurements falls back to the tile's
-MMA work at an efficiency that grows with the tile. Raster order and swizzle are not modelled:
+`benchmarks/results/timings-*.json.gz`), B N-major; a width that is not a multiple of 64
+where B gets the full swizzle takes them from the widths around it (`full_swizzle_constants`).
+A family without measurements falls back to the tile's MMA work at an efficiency that grows
+with the tile. Raster order and swizzle are not modelled:
 they are swept by timing, on binaries already compiled; a pick is first run in bands
 (`in_first_order`).
 """
@@ -125,12 +128,36 @@ def mma_time_factor(problem: GemmProblem) -> float:
 
 def family(config: GemmConfig) -> str:
     """The key of the config's family: everything but the decomposition and runtime fields."""
+    return _family_key(config, config.tile_n)
+
+
+def _family_key(config: GemmConfig, tile_n: int) -> str:
+    """The key of the family of `config` at another width."""
     cta = "_2cta" if config.two_cta else ""
     epi = "tma" if config.tma_store else "st"
     return (
-        f"{config.arch}_{config.tile_m}x{config.tile_n}_c{config.cluster_m}x{config.cluster_n}"
+        f"{config.arch}_{config.tile_m}x{tile_n}_c{config.cluster_m}x{config.cluster_n}"
         f"{cta}_{config.schedule.value}_{epi}"
     )
+
+
+def full_swizzle_constants(families: dict, config: GemmConfig) -> tuple[float, float] | None:
+    """(a, c) of a family whose width is not a multiple of 64, where its B gets the 128-byte
+    swizzle (K-major, as a linear layer's weight is, or any swapped config's), or None.
+    Families are fitted with B N-major, where such a width gets a 64-byte (widths 32 mod 64)
+    or 32-byte swizzle (16 mod 32), and WGMMA reads those slowly: fitted, a 64-row tile's
+    k-tile takes ~1.3x and ~2x what the widths that are multiples of 64 around it take, and
+    the fit of such a family splits its time between `a` and `c` unreliably. With the full
+    swizzle both are taken linear in `tile_n` between those two widths of the same height,
+    cluster, schedule and epilogue."""
+    below = config.tile_n // SWIZZLE_ELEMENTS * SWIZZLE_ELEMENTS
+    above = below + SWIZZLE_ELEMENTS
+    low = families.get(_family_key(config, below))
+    high = families.get(_family_key(config, above))
+    if below == config.tile_n or low is None or high is None:
+        return None
+    w = (config.tile_n - below) / (above - below)
+    return low[0] + w * (high[0] - low[0]), low[1] + w * (high[1] - low[1])
 
 
 @functools.cache
@@ -182,10 +209,15 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         a, c, publish, gather = self.constants(config)
-        a *= (1 + NARROW_SWIZZLE_COST) ** (
-            narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
-            - narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
-        )
+        narrow = narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
+        fitted_narrow = narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
+        full = None
+        if fitted_narrow and not narrow:
+            full = full_swizzle_constants(self._calibration(config).get("families", {}), config)
+        if full is not None:
+            a, c = full
+        else:
+            a *= (1 + NARROW_SWIZZLE_COST) ** (narrow - fitted_narrow)
         ctas = config.cluster_m * config.cluster_n
         cta_tile = config.tile_m // config.cta_group * config.tile_n  # outputs one CTA holds
         resident = self.device.resident_clusters(ctas)

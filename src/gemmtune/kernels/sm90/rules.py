@@ -59,9 +59,11 @@ FITTED_MIN_TILE_N = 64
 # multiples of 32; 144 (2304 = 16 x 144: 128 tiles of 256x144 fill 132 SMs where 256x160
 # leaves 12 idle and wastes most of a column of tiles); 208, as a swapped tile 208 rows of the
 # output tall (4096 x 28672 in 256x208 c1x2 swapped tiles: 1120 cluster units, 16.97 rounds
-# of 66 clusters, where 128x256's 1792 units need 28)
-TILE_N_CHOICES = tuple(sorted((*NARROW_TILE_NS, *range(64, 257, 32), 144, 208)))
-CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2))
+# of 66 clusters, where 128x256's 1792 units need 28); 80, 112 and 176, so that a ragged side
+# of a few hundred rows splits into few tiles with little padding, one wave of tiles in all
+# (a 640 x 1800 output in 128x80 swapped tiles: 15 x 8 = 120; 333 rows in two 176-wide ones)
+TILE_N_CHOICES = tuple(sorted((*NARROW_TILE_NS, *range(64, 257, 32), 80, 112, 144, 176, 208)))
+CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (4, 1))
 EPI_TILE_N = 32
 MIN_AB_STAGES = 2
 
