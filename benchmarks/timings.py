@@ -9,7 +9,8 @@ reference, then timed: CUDA events, 5 ms warm-up, L2 flushed before each run, me
     python -m benchmarks timings --out-dir DIR [--shapes a,b]
 
 `--match '_(192x|256x160_)' --merge benchmarks/results/timings-....json.gz` times only the
-binaries whose key the regular expression finds and keeps the earlier file's rows of every
+binaries whose compile key (`GemmConfig.compile_key`, no runtime fields: `_dp$` selects every
+data-parallel binary) the regular expression finds, and keeps the earlier file's rows of every
 other binary (after a change to some families only).
 """
 
@@ -35,7 +36,7 @@ from benchmarks.common import (
     tflops,
     write_results,
 )
-from gemmtune.core.config import Decomposition, Raster
+from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import max_active_clusters
 from gemmtune.kernels.launch import launch_args
 from gemmtune.kernels.schedule_model import TileGrid
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--match", default="", help="time only binaries whose key this regex finds")
+    parser.add_argument(
+        "--match", default="", help="time only binaries whose compile key this regex finds"
+    )
     parser.add_argument("--merge", type=Path, help="earlier timings: keep its other rows")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -113,7 +116,11 @@ def main(argv: list[str] | None = None) -> Path:
     if args.merge:
         with gzip.open(args.merge) as f:
             earlier = json.load(f)
-        rows = [r for r in earlier["rows"] if not re.search(args.match, r["config"])]
+        rows = [
+            r
+            for r in earlier["rows"]
+            if not re.search(args.match, GemmConfig.from_key(r["config"]).compile_key)
+        ]
         method += (
             f"; binaries with '{args.match}' in their key timed on {datetime.date.today()}, "
             f"the others' rows from {args.merge.name} (its method: {earlier['method']})"

@@ -17,13 +17,19 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 
 class MisbehavingFirst(RankingModel):
-    """Ranks the misbehaving tiles first, then the real model's order."""
+    """Ranks the misbehaving tiles first (their unclustered, unswapped data-parallel binaries
+    only, so that the top k also holds real candidates), then the real model's order."""
 
     def predict_us(self, problem, config):
         from gpu_runners import FAULT, WRONG
 
         tile = (config.tile_m, config.tile_n)
-        if tile in (FAULT, WRONG) and config.decomposition is Decomposition.DATA_PARALLEL:
+        if (
+            tile in (FAULT, WRONG)
+            and config.decomposition is Decomposition.DATA_PARALLEL
+            and (config.cluster_m, config.cluster_n) == (1, 1)
+            and not config.swap_ab
+        ):
             return -1.0
         return super().predict_us(problem, config)
 
