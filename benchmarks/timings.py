@@ -81,6 +81,13 @@ class ShapeRun:
         return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err
 
 
+def rows_kept(rows: list[dict], match: str) -> list[dict]:
+    """The rows of an earlier timings file that a run re-timing the binaries whose compile key
+    `match` finds leaves standing: matched like the binaries themselves, on the compile key
+    (a row's `config` is a full key, whose runtime fields end it)."""
+    return [r for r in rows if not re.search(match, GemmConfig.from_key(r["config"]).compile_key)]
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks timings", description=SUITE_HELP)
     parser.add_argument("--runs", type=int, default=10)
@@ -116,13 +123,10 @@ def main(argv: list[str] | None = None) -> Path:
     if args.merge:
         with gzip.open(args.merge) as f:
             earlier = json.load(f)
-        rows = [
-            r
-            for r in earlier["rows"]
-            if not re.search(args.match, GemmConfig.from_key(r["config"]).compile_key)
-        ]
+        rows = rows_kept(earlier["rows"], args.match)
         method += (
-            f"; binaries with '{args.match}' in their key timed on {datetime.date.today()}, "
+            f"; binaries with '{args.match}' in their compile key timed on "
+            f"{datetime.date.today()}, "
             f"the others' rows from {args.merge.name} (its method: {earlier['method']})"
         )
     for shape in load_shapes(args.shapes):

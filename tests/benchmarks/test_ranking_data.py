@@ -1,0 +1,37 @@
+"""The tools that make the ranking model's data: which timings a re-timing run replaces, and
+which families the fit takes (CPU only)."""
+
+from benchmarks.fit_ranking import fit_families
+from benchmarks.timings import rows_kept
+
+from gemmtune.core.config import GemmConfig
+from gemmtune.space.ranking import DeviceModel, family
+
+
+def test_a_merge_replaces_the_rows_of_every_binary_it_re_times():
+    rows = [
+        {"config": "sm90_128x128_c1x1_coop_tma_dp_rm_s1"},
+        {"config": "sm90_128x128_c1x1_coop_tma_dp_rn_s8"},
+        {"config": "sm90_128x128_c1x1_coop_tma_sk4_rm_s1"},
+        {"config": "sm90_128x128_c1x1_coop_tma_streamk_rm_s1"},
+    ]
+    # `_dp$` names every data-parallel binary, whatever the row's raster and swizzle
+    kept = rows_kept(rows, "_dp$")
+    assert [r["config"] for r in kept] == [
+        "sm90_128x128_c1x1_coop_tma_sk4_rm_s1",
+        "sm90_128x128_c1x1_coop_tma_streamk_rm_s1",
+    ]
+    assert rows_kept(rows, "_sk$") == [rows[0], rows[1], rows[3]]
+
+
+def test_the_fit_leaves_narrow_tiles_to_the_analytic_estimate():
+    wide = GemmConfig(tile_m=128, tile_n=128)
+    narrow = GemmConfig(tile_m=128, tile_n=32)
+    data = {
+        ("a", 4096, 4096, 4096): [(wide, 200.0), (narrow, 700.0)],
+        ("b", 2048, 2048, 2048): [(wide, 30.0), (narrow, 90.0)],
+    }
+    families = fit_families(data, DeviceModel())
+    assert set(families) == {family(wide)}
+    a, c = families[family(wide)]
+    assert a > 0 and c >= 0
