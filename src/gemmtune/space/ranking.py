@@ -208,12 +208,12 @@ class RankingModel:
         return a, c
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
+        calibration = self._calibration(config)
         a, c, publish, gather = self.constants(config)
         narrow = narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
         fitted_narrow = narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
-        full = None
-        if fitted_narrow and not narrow:
-            full = full_swizzle_constants(self._calibration(config).get("families", {}), config)
+        families = calibration.get("families", {})
+        full = full_swizzle_constants(families, config) if fitted_narrow and not narrow else None
         if full is not None:
             a, c = full
         else:
@@ -224,7 +224,6 @@ class RankingModel:
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
         k_tiles = ceil_div(problem.k, tile_k(config.arch, problem.a_dtype.itemsize))
         units = grid.work_units
-        calibration = self._calibration(config)
         if config.decomposition is Decomposition.DATA_PARALLEL:
             compute = ceil_div(units, resident) * (a * k_tiles + c)
             partial_bytes, reduction = 0, 0.0
