@@ -15,6 +15,7 @@ from gemmtune.kernels.schedule_model import (
     balanced_range,
     make_schedule,
     part_of,
+    share_blocks,
 )
 
 
@@ -114,6 +115,42 @@ def test_split_k_items_and_slots():
     assert s.workspace_bytes == 64 * 128 * 128 * 4 + 16 * 4
     # more splits than k-tiles: the extra splits are dropped
     assert SplitKSchedule(g, 3, 132, splits=16).effective_splits == 3
+
+
+@pytest.mark.parametrize(
+    ("blocks", "threads", "segments"),
+    [
+        (16, 256, 8),
+        (16, 256, 32),
+        (16, 256, 128),
+        (4, 128, 32),
+        (1, 128, 16),
+        (32, 256, 2),
+        (3, 128, 5),
+    ],
+)
+def test_split_k_shares_cover_each_block_once_and_keep_every_segment_busy(
+    blocks, threads, segments
+):
+    owner = {}
+    per_segment = []
+    for segment in range(segments):
+        vectors = []
+        for thread in range(threads):
+            first, end = share_blocks(segment, segments, blocks, threads, thread)
+            assert 0 <= first <= end <= blocks
+            for block in range(first, end):
+                assert (block, thread) not in owner
+                owner[block, thread] = segment
+                vectors.append(block * threads + thread)
+        per_segment.append(sorted(vectors))
+    assert len(owner) == blocks * threads
+    # a segment's vectors are one contiguous run (consecutive threads, coalesced loads), and
+    # the segments' runs differ by at most one vector: no segment idles while another sums
+    for vectors in per_segment:
+        assert vectors == list(range(vectors[0], vectors[0] + len(vectors)))
+    sizes = [len(v) for v in per_segment]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
 
 def test_split_k_grid_holds_whole_rounds_of_splits():

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from schedule_strategies import grids
 
 import gemmtune.kernels.scheduler as device
-from gemmtune.kernels.schedule_model import make_schedule
+from gemmtune.kernels.schedule_model import make_schedule, share_blocks
 
 
 def device_items(scheduler: device.TileScheduler, cluster: int) -> list[tuple]:
@@ -68,3 +68,19 @@ def test_the_device_scheduler_walks_the_models_items(
                 for it in model.items(cluster)
             ]  # fmt: skip
             assert device_items(scheduler, cluster) == expected, cluster
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    segments=st.integers(1, 128),
+    blocks=st.integers(1, 64),
+    threads=st.sampled_from([128, 256, 384]),
+    data=st.data(),
+)
+def test_the_device_share_is_the_models(segments, blocks, threads, data):
+    segment = data.draw(st.integers(0, segments - 1))
+    thread = data.draw(st.integers(0, threads - 1))
+    python_ints = types.SimpleNamespace(min=min, max=max)
+    with mock.patch.object(device, "cutlass", python_ints):
+        got = device.share_blocks(segment, segments, blocks, threads, thread)
+    assert got == share_blocks(segment, segments, blocks, threads, thread)

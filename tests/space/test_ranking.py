@@ -9,11 +9,14 @@ from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.space import candidates
 from gemmtune.space.ranking import (
     CLASS_MARGIN,
+    TIE_MARGIN,
+    TIED_PLACES,
     DeviceModel,
     RankingModel,
     family,
     full_swizzle_constants,
     load_calibration,
+    tie_key,
 )
 
 
@@ -78,8 +81,33 @@ def test_decode_batches_rank_narrow_swapped_tiles_first(m):
     # tiles, 2-5 % ahead of 64-wide ones
     p = problem(m, 6144, 4096, linear=True)
     top = RankingModel().top_k(p, candidates(p, orders=False), 8)
-    assert all(c.tile_n == 16 and c.swap_ab for c in top[:4])
-    assert sum(c.tile_n <= 32 and c.swap_ab for c in top) >= 6
+    assert all(c.tile_n == 16 and c.swap_ab for c in top[:2])
+    assert sum(c.tile_n <= 32 and c.swap_ab for c in top) >= 4
+
+
+def test_a_tie_of_cluster_and_epilogue_variants_takes_two_places_in_different_clusters():
+    # 4 x 4096 x 14336 (an 8B down projection, decode): every 64x16 swapped stream-K variant
+    # sits at the memory floor, predicted alike; they held six of eight places
+    model = RankingModel()
+    p = problem(4, 4096, 14336, linear=True)
+    configs = candidates(p, orders=False)
+    top = model.top_k(p, configs, 8)
+    by_tie = {}
+    for c in top:
+        by_tie.setdefault(tie_key(c), []).append((c.cluster_m, c.cluster_n))
+    assert max(len(clusters) for clusters in by_tie.values()) <= TIED_PLACES
+    assert all(len(set(clusters)) == len(clusters) for clusters in by_tie.values())
+    # the premise: more than two of one tie were predicted within the margin of its best
+    best = top[0]
+    tied = [
+        c
+        for c in configs
+        if tie_key(c) == tie_key(best)
+        and c.raster == best.raster
+        and c.swizzle == best.swizzle
+        and model.predict_us(p, c) <= model.predict_us(p, best) * (1 + TIE_MARGIN)
+    ]
+    assert len(tied) > TIED_PLACES
 
 
 def test_wave_quantization_in_the_prediction():

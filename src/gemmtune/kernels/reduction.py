@@ -33,7 +33,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Int32
 
-from gemmtune.kernels.scheduler import balanced_begin
+from gemmtune.kernels.scheduler import share_blocks
 
 #: most floats of a partial one thread loads at a time (registers for the loads in flight)
 MAX_CHUNK = 64
@@ -180,8 +180,12 @@ def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
     add_partials(accumulators, tile, 0, cute.size(accumulators))
 
 
-#: blocks of four floats a thread sums at a time in `reduce_share`
-SHARE_GROUP = 4
+#: A thread of `reduce_share` loads this many blocks of four floats ...
+SHARE_BLOCKS = 2
+#: ... from this many partials at a time, before adding them in segment order: 16 loads in
+#: flight per thread, so that a share of few blocks over many splits (one block, 32 splits)
+#: waits for four round trips to L2, not 32.
+SHARE_PARTIALS = 8
 
 
 @cute.jit
@@ -194,29 +198,35 @@ def reduce_share(
     out_dtype: cutlass.Constexpr,
 ):
     """Wait until all `segments` partials of the tile are published, then write this segment's
-    share of the tile: of each thread's `values` partial sums, the blocks of four
-    `balanced_range(segment)`, summed over the partials in segment order. A thread sums the
-    blocks of its own positions, so its loads are coalesced with its neighbours' and `tCgC` /
-    `tCcC` (its partition of the output tile and of the tile's coordinates, indexed by
-    position) say where each value goes. The last segment to leave resets the counter."""
+    share of the tile, summed over the partials in segment order. The tile's blocks of four
+    floats are numbered as the workspace stores them (block b of thread t is vector
+    b * threads + t) and cut into `segments` near-equal ranges, so every segment has a share
+    even when a thread holds fewer blocks than there are splits; a thread sums the blocks of
+    its own positions in its segment's range (`schedule_model.share_blocks`), so its loads are
+    coalesced with its neighbours' and `tCgC` / `tCcC` (its partition of the output tile and of
+    the tile's coordinates, indexed by position) say where each value goes. The last segment
+    to leave resets the counter."""
     blocks = values // 4
     _await_arrivals(tile, tile.segments)
     load = _partial_load_atom(tile.dtype)
     partials = _partials(tile, values)
-    begin = balanced_begin(tile.segment, tile.segments, blocks)
-    end = balanced_begin(tile.segment + 1, tile.segments, blocks)
-    sums = cute.make_rmem_tensor((4, SHARE_GROUP), tile.dtype)
-    partial = cute.make_rmem_tensor((4, SHARE_GROUP), tile.dtype)
+    begin, end = share_blocks(tile.segment, tile.segments, blocks, tile.threads, tile.thread)
+    sums = cute.make_rmem_tensor((4, SHARE_BLOCKS), tile.dtype)
+    loaded = cute.make_rmem_tensor((4, SHARE_BLOCKS, SHARE_PARTIALS), tile.dtype)
     out = cute.make_rmem_tensor((4,), out_dtype)
-    for first in range(begin, end, SHARE_GROUP):
+    for first in range(begin, end, SHARE_BLOCKS):
         sums.fill(0)
-        for j in range(tile.segments):
-            source = partials[((None, None, tile.thread), tile.slot(j))]
-            for g in cutlass.range_constexpr(SHARE_GROUP):
-                if first + g < end:
-                    cute.copy(load, source[(None, first + g)], partial[(None, g)])
-            sums.store(sums.load() + partial.load())
-        for g in cutlass.range_constexpr(SHARE_GROUP):
+        for j in range(0, tile.segments, SHARE_PARTIALS):
+            for p in cutlass.range_constexpr(SHARE_PARTIALS):
+                if j + p < tile.segments:
+                    source = partials[((None, None, tile.thread), tile.slot(j + p))]
+                    for g in cutlass.range_constexpr(SHARE_BLOCKS):
+                        if first + g < end:
+                            cute.copy(load, source[(None, first + g)], loaded[(None, g, p)])
+            for p in cutlass.range_constexpr(SHARE_PARTIALS):
+                if j + p < tile.segments:
+                    sums.store(sums.load() + loaded[(None, None, p)].load())
+        for g in cutlass.range_constexpr(SHARE_BLOCKS):
             if first + g < end:
                 out.store(sums[(None, g)].load().to(out_dtype))
                 for v in cutlass.range_constexpr(4):

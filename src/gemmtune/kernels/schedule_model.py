@@ -128,9 +128,9 @@ class WorkItem:
       counter and writes the unit. Owners are chosen to wait only on items that never wait
       before them: the last segment, computed at the end of its cluster's range.
     - scattered (`owner` == -1, split-K): every segment publishes, waits until all have, then
-      reduces and writes its own share of the unit: the share of segment s is range s of the
-      accumulator blocks (four registers each) cut by `balanced_range`, so the reduction's
-      reads are spread over all the segments instead of falling on one. The segments must run
+      reduces and writes its own share of the unit (`share_blocks`: range s of the tile's
+      blocks of four accumulators, cut by `balanced_range`), so the reduction's reads are
+      spread over all the segments instead of falling on one. The segments must run
       at the same time (`SplitKSchedule` sees to it); a second count of departures lets the
       last one reset the counter.
     """
@@ -242,6 +242,20 @@ def part_of(position: int, parts: int, total: int) -> int:
     if position < long_parts:
         return position // (q + 1)
     return r + (position - long_parts) // max(q, 1)
+
+
+def share_blocks(
+    segment: int, segments: int, blocks: int, threads: int, thread: int
+) -> tuple[int, int]:
+    """[first, end) of the blocks (four floats each) that `thread` sums for split `segment`'s
+    share of a tile that `threads` threads hold `blocks` blocks each of. The tile's blocks are
+    numbered as the workspace interleaves them (block b of thread t is vector b * threads + t)
+    and cut into `segments` near-equal ranges; a thread sums the blocks of its own that fall
+    in its segment's range. Numbered so, consecutive threads take consecutive vectors (their
+    loads coalesce) and every segment has a share while there are more vectors than segments,
+    however few blocks a thread holds."""
+    begin, end = balanced_range(segment, segments, blocks * threads)
+    return ceil_div(begin - thread, threads), ceil_div(end - thread, threads)
 
 
 @dataclass(frozen=True)

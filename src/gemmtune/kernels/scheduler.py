@@ -46,6 +46,14 @@ def balanced_begin(index: Int32, parts: Int32, total: Int32) -> Int32:
     return index * q + cutlass.min(index, r)
 
 
+def share_blocks(segment: Int32, segments: Int32, blocks: int, threads: int, thread: Int32):
+    """`schedule_model.share_blocks`."""
+    vectors = blocks * threads
+    begin = balanced_begin(segment, segments, vectors)
+    end = balanced_begin(segment + 1, segments, vectors)
+    return (begin - thread + threads - 1) // threads, (end - thread + threads - 1) // threads
+
+
 def part_of(position: Int32, parts: Int32, total: Int32) -> Int32:
     """`schedule_model.part_of`."""
     q = total // parts
