@@ -80,21 +80,17 @@ FIRST_RASTER, FIRST_SWIZZLE = Raster.ALONG_M, 8
 #: warpgroups, swapped operands or not): a class whose best is predicted within this much of
 #: the fastest gets a place in the top k, so that one class cannot fill every place.
 CLASS_MARGIN = 0.05
-#: Configs that differ only in cluster shape and epilogue, predicted within `TIE_MARGIN` of
-#: each other, are ties the model cannot order: at the memory floor all of them stream the same
-#: bytes. At most `TIED_PLACES` of one tie take places in the top k, in different cluster
-#: shapes (which change what is multicast; the epilogue changes little), so that one tile and
-#: decomposition cannot fill it (six 64x16 stream-K variants held six of eight places on a
-#: decode problem, and the 128x16 split-K tile that beat them came eighth).
+#: A binary with the TMA-store epilogue and its twin with direct stores, predicted within
+#: `TIE_MARGIN` of each other, are a tie the model cannot order: at the memory floor both stream
+#: the same bytes, and timed they differ by less than the noise. One of a tie takes a place in
+#: the top k, so that a tile's epilogue variants cannot fill it (a decode problem's top 8 held
+#: three cluster shapes of one stream-K tile, each with both epilogues).
 TIE_MARGIN = 0.01
-TIED_PLACES = 2
 
 
-def tie_key(config: GemmConfig) -> tuple:
-    """What configs of one tie share: everything but the cluster shape and the epilogue."""
-    return dataclasses.astuple(
-        dataclasses.replace(config, cluster_m=1, cluster_n=1, tma_store=True)
-    )
+def tie_key(config: GemmConfig) -> GemmConfig:
+    """What the configs of one tie share: everything but the epilogue."""
+    return dataclasses.replace(config, tma_store=True)
 
 
 def in_first_order(config: GemmConfig) -> GemmConfig:
@@ -302,8 +298,8 @@ class RankingModel:
         A swapped config takes a place only when it is predicted faster than its unswapped
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
-        would spend two places on one guess; for the same reason a tie (`tie_key`,
-        `TIE_MARGIN`) takes at most `TIED_PLACES` places."""
+        would spend two places on one guess; for the same reason a tie of epilogues (`tie_key`,
+        `TIE_MARGIN`) takes one place."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -320,20 +316,17 @@ class RankingModel:
 
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
-        ties: dict[tuple, list[tuple[tuple[int, int], float]]] = {}
+        ties: dict[GemmConfig, list[float]] = {}
         fastest = None
         for t, config in ranked:  # fastest first: stop once no class or place is left to fill
             if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
                 continue
-            tied = [
-                c for c, other in ties.get(tie_key(config), []) if t <= other * (1 + TIE_MARGIN)
-            ]
-            cluster = (config.cluster_m, config.cluster_n)
-            if len(tied) >= TIED_PLACES or cluster in tied:
+            tie = ties.setdefault(tie_key(config), [])
+            if any(t <= other * (1 + TIE_MARGIN) for other in tie):
                 continue
-            ties.setdefault(tie_key(config), []).append((cluster, t))
+            tie.append(t)
             fastest = t if fastest is None else fastest
             cls = (config.schedule, config.swap_ab)
             if len(kept) < k or (cls not in classes and t <= fastest * (1 + CLASS_MARGIN)):
