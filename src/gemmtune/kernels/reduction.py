@@ -182,10 +182,9 @@ def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
 
 #: A thread of `reduce_share` loads this many blocks of four floats ...
 SHARE_BLOCKS = 2
-#: ... from this many partials at a time, before adding them in segment order: 16 loads in
-#: flight per thread, so that a share of few blocks over many splits (one block, 32 splits)
-#: waits for four round trips to L2, not 32.
-SHARE_PARTIALS = 8
+#: ... from this many partials at a time, before adding them in segment order: four loads in
+#: flight, in 24 registers (more spill beside a promoted fp8 128x128 tile's two register tiles).
+SHARE_PARTIALS = 2
 
 
 @cute.jit
