@@ -180,11 +180,18 @@ def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
     add_partials(accumulators, tile, 0, cute.size(accumulators))
 
 
-#: A thread of `reduce_share` loads this many blocks of four floats ...
-SHARE_BLOCKS = 2
-#: ... from this many partials at a time, before adding them in segment order: four loads in
-#: flight, in 24 registers (more spill beside a promoted fp8 128x128 tile's two register tiles).
-SHARE_PARTIALS = 2
+#: Accumulators per thread up to which a tile is small: a thread of it holds a few blocks, and
+#: split many ways, at most one of them falls in a share.
+SMALL_TILE_VALUES = 32
+
+
+def share_step(values: int) -> tuple[int, int]:
+    """(blocks, partials) a thread of `reduce_share` loads at a time, before adding them in
+    segment order. A small tile's thread sums one block, from eight partials at a time: a share
+    of one block over 16 splits waits for two round trips to L2, not 16. A larger tile's takes
+    two blocks from two partials: four loads in 24 registers, since more spill beside a promoted
+    fp8 128x128 tile's two register tiles."""
+    return (1, 8) if values <= SMALL_TILE_VALUES else (2, 2)
 
 
 @cute.jit
@@ -210,22 +217,23 @@ def reduce_share(
     load = _partial_load_atom(tile.dtype)
     partials = _partials(tile, values)
     begin, end = share_blocks(tile.segment, tile.segments, blocks, tile.threads, tile.thread)
-    sums = cute.make_rmem_tensor((4, SHARE_BLOCKS), tile.dtype)
-    loaded = cute.make_rmem_tensor((4, SHARE_BLOCKS, SHARE_PARTIALS), tile.dtype)
+    step_blocks, step_partials = share_step(values)
+    sums = cute.make_rmem_tensor((4, step_blocks), tile.dtype)
+    loaded = cute.make_rmem_tensor((4, step_blocks, step_partials), tile.dtype)
     out = cute.make_rmem_tensor((4,), out_dtype)
-    for first in range(begin, end, SHARE_BLOCKS):
+    for first in range(begin, end, step_blocks):
         sums.fill(0)
-        for j in range(0, tile.segments, SHARE_PARTIALS):
-            for p in cutlass.range_constexpr(SHARE_PARTIALS):
+        for j in range(0, tile.segments, step_partials):
+            for p in cutlass.range_constexpr(step_partials):
                 if j + p < tile.segments:
                     source = partials[((None, None, tile.thread), tile.slot(j + p))]
-                    for g in cutlass.range_constexpr(SHARE_BLOCKS):
+                    for g in cutlass.range_constexpr(step_blocks):
                         if first + g < end:
                             cute.copy(load, source[(None, first + g)], loaded[(None, g, p)])
-            for p in cutlass.range_constexpr(SHARE_PARTIALS):
+            for p in cutlass.range_constexpr(step_partials):
                 if j + p < tile.segments:
                     sums.store(sums.load() + loaded[(None, None, p)].load())
-        for g in cutlass.range_constexpr(SHARE_BLOCKS):
+        for g in cutlass.range_constexpr(step_blocks):
             if first + g < end:
                 out.store(sums[(None, g)].load().to(out_dtype))
                 for v in cutlass.range_constexpr(4):
