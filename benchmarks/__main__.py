@@ -29,6 +29,7 @@ SUITES = {
     "peers": "benchmarks.peers",
     "cache": "benchmarks.cache",
     "timings": "benchmarks.timings",
+    "first-pass": "benchmarks.first_pass",
 }
 PLOT_HELP = "draw an existing results file as a PNG: plot FILE.json [--out PNG]"
 

@@ -16,7 +16,7 @@ from benchmarks.__main__ import main as benchmarks_main
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED_SUITES = (
     "public", "serving", "dispatch", "tuning-cost", "pretune", "kernel", "peers", "cache",
-    "timings",
+    "timings", "first-pass",
 )  # fmt: skip
 
 
@@ -284,3 +284,19 @@ def test_tuning_cost_children_import_the_autotune_subject_by_name_from_anywhere(
         [sys.executable, "-c", worker], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_first_pass_suite_sends_the_tuners_finalists_to_the_final():
+    from benchmarks.first_pass import reaches_final
+
+    from gemmtune.tuning.tuner import FINAL_MARGIN, FINALISTS
+
+    best = 1.0
+    inside = {
+        f"in{i}": best * (1 + FINAL_MARGIN * i / (FINALISTS + 1)) for i in range(FINALISTS + 2)
+    }
+    behind = {"behind": best * (1 + FINAL_MARGIN * 1.01)}
+    chosen = reaches_final({**inside, **behind})
+    # the FINALISTS fastest within the margin: not the slower ones within it, not one behind
+    assert chosen == {f"in{i}" for i in range(FINALISTS)}
+    assert reaches_final(behind) == {"behind"}

@@ -13,6 +13,7 @@ from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.tuning.tuner import (
     CUBLAS_MARGIN,
     FINAL_MARGIN,
+    FINALISTS,
     SWEEP_SWIZZLES,
     TuneResult,
     order_matters,
@@ -88,7 +89,7 @@ def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
     # the leaders within the final's margin are timed again side by side (the fake adds 1%)
     finalists = [r for r in result.results if r.final_ms is not None]
     close = [ms for ms in ok if ms <= ok[0] * (1 + FINAL_MARGIN)]
-    assert len(finalists) == min(3, len(close)) > 1
+    assert len(finalists) == min(FINALISTS, len(close)) > 1
     assert all(r.ms <= ok[0] * (1 + FINAL_MARGIN) for r in finalists)
     best = min(finalists, key=lambda r: r.final_ms)
     assert result.best == best.config
