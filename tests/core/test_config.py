@@ -51,6 +51,29 @@ def test_keys_are_distinct_and_compile_key_ignores_runtime_fields():
     assert split.with_runtime(splits=8).key == split.key.replace("_sk2_", "_sk8_")
 
 
+@pytest.mark.parametrize(
+    "runtime, field",
+    [
+        (dict(splits=17), "splits"),
+        (dict(splits=1), "splits"),
+        (dict(splits=True), "splits"),
+        (dict(swizzle=3), "swizzle"),
+        (dict(raster="diagonal"), "raster"),
+    ],
+)
+def test_runtime_variants_are_checked_and_leave_their_binary_alone(runtime, field):
+    split = GemmConfig(decomposition="split_k", splits=2)
+    with pytest.raises(InvalidConfigError, match=field):
+        split.with_runtime(**runtime)
+    with pytest.raises(InvalidConfigError, match="splits"):
+        GemmConfig().with_runtime(splits=4)  # data-parallel: no split count
+    variant = split.with_runtime(splits=8, raster="along_n", swizzle=2)
+    assert (split.splits, split.raster, split.swizzle) == (2, Raster.ALONG_M, 1)
+    # a variant is the config its key names: equal, same hash
+    assert variant == GemmConfig.from_key(variant.key)
+    assert hash(variant) == hash(GemmConfig.from_key(variant.key))
+
+
 def test_swap_names_a_binary_of_its_own():
     swapped = GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True, swizzle=8)
     assert swapped.key == "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8"

@@ -12,6 +12,7 @@ kernel implements a config, and whether it can serve a given problem, is the ker
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import json
@@ -115,7 +116,7 @@ class GemmConfig:
         def fail(field: str, why: str) -> None:
             raise InvalidConfigError(f"{field}={getattr(self, field)!r}: {why}")
 
-        for name in ("tile_m", "tile_n", "cluster_m", "cluster_n", "splits", "swizzle"):
+        for name in ("tile_m", "tile_n", "cluster_m", "cluster_n"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 fail(name, "must be an integer")
@@ -144,6 +145,16 @@ class GemmConfig:
             fail("tile_m", "a 1-CTA sm_100 MMA has M of 64 or 128; 256 needs two_cta")
         if self.schedule is Schedule.PINGPONG and self.arch != "sm_90":
             fail("schedule", "ping-pong warpgroups are a Hopper (sm_90) schedule")
+        self._validate_runtime()
+
+    def _validate_runtime(self) -> None:
+        def fail(field: str, why: str) -> None:
+            raise InvalidConfigError(f"{field}={getattr(self, field)!r}: {why}")
+
+        for name in ("splits", "swizzle"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                fail(name, "must be an integer")
         if self.decomposition is Decomposition.SPLIT_K:
             if not 2 <= self.splits <= MAX_SPLITS:
                 fail("splits", f"split-K needs 2 to {MAX_SPLITS} splits")
@@ -247,13 +258,22 @@ class GemmConfig:
         raster: Raster | str | None = None,
         swizzle: int | None = None,
     ) -> GemmConfig:
-        """The same binary with other runtime arguments."""
-        return dataclasses.replace(
-            self,
-            splits=self.splits if splits is None else splits,
-            raster=self.raster if raster is None else raster,
-            swizzle=self.swizzle if swizzle is None else swizzle,
-        )
+        """The same binary with other runtime arguments. Only those are checked again (the
+        binary's fields were checked when `self` was made): the ranking makes a variant of
+        every binary at every split count, over ten thousand per problem."""
+        variant = copy.copy(self)
+        if splits is not None:
+            object.__setattr__(variant, "splits", splits)
+        if raster is not None:
+            try:
+                object.__setattr__(variant, "raster", Raster(raster))
+            except ValueError:
+                choices = ", ".join(v.value for v in Raster)
+                raise InvalidConfigError(f"raster={raster!r} is not one of: {choices}") from None
+        if swizzle is not None:
+            object.__setattr__(variant, "swizzle", swizzle)
+        variant._validate_runtime()
+        return variant
 
 
 def expand_families(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 RULES = {"sm_90": "gemmtune.kernels.sm90.rules", "sm_100": "gemmtune.kernels.sm100.rules"}
 
 
+@functools.cache
 def tile_k(arch: str, ab_bytes: int) -> int:
     """K extent, in elements of `ab_bytes` bytes, of a tile of the kernel of `arch` ("sm_90"):
     what the host counts k-tiles in, as the kernel does."""

@@ -11,6 +11,7 @@ swizzle.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from types import ModuleType
 
@@ -38,12 +39,18 @@ def binaries(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]
     if arch is not None and arch is not problem.arch:
         # describe the same problem on the other architecture (enumeration on the CPU)
         problem = _on_arch(problem, arch)
-    return [
+    return [v for v in _implemented(arch or problem.arch) if rules.serves(v, problem) is None]
+
+
+@functools.cache
+def _implemented(arch: Arch) -> tuple[GemmConfig, ...]:
+    """Every binary `arch`'s kernels implement, each unswapped then swapped: the same for every
+    problem, so a process enumerates them once."""
+    return tuple(
         variant
-        for config in rules.implemented_configs(tuple(Decomposition))
+        for config in rules_for(arch).implemented_configs(tuple(Decomposition))
         for variant in (config, dataclasses.replace(config, swap_ab=True))
-        if rules.serves(variant, problem) is None
-    ]
+    )
 
 
 def _on_arch(problem: GemmProblem, arch: Arch) -> GemmProblem:
