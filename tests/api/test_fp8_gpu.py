@@ -126,14 +126,12 @@ def test_tuned_gemm_multiplies_fp8_with_unit_scales(monkeypatch):
     assert gemmtune.tuned_gemm(a, w.t()).dtype == torch.bfloat16
 
 
-def test_compiled_scaled_mm_runs_through_the_op(monkeypatch):
-    import torch._inductor.config as config
-
+def test_compiled_scaled_mm_runs_through_the_op(monkeypatch, inductor_post_pass):
     import gemmtune
     from gemmtune.api import dispatch
 
     monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    inductor_post_pass(None)
     calls = []
     real = dispatch.scaled_mm
     monkeypatch.setattr(

@@ -69,9 +69,7 @@ def test_addmm_becomes_our_product_plus_the_bias():
     graph.lint()
 
 
-def test_the_pass_runs_after_one_installed_before_and_installs_once(monkeypatch):
-    import torch._inductor.config as config
-
+def test_the_pass_runs_after_one_installed_before_and_installs_once(inductor_post_pass):
     seen = []
 
     class Earlier(CustomGraphPass):
@@ -81,7 +79,7 @@ def test_the_pass_runs_after_one_installed_before_and_installs_once(monkeypatch)
         def uuid(self):
             return "earlier"
 
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", Earlier())
+    config = inductor_post_pass(Earlier())
     ours = install_inductor_pass()
     assert install_inductor_pass() is ours and config.post_grad_custom_post_pass is ours
     graph = graph_of([])
@@ -89,10 +87,8 @@ def test_the_pass_runs_after_one_installed_before_and_installs_once(monkeypatch)
     assert seen == [graph] and ours.uuid()[1] == "earlier"
 
 
-def test_a_compiled_model_computes_the_same_with_the_pass(monkeypatch):
-    import torch._inductor.config as config
-
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+def test_a_compiled_model_computes_the_same_with_the_pass(inductor_post_pass):
+    inductor_post_pass(None)
     gemmtune.install_inductor_pass()
     torch._dynamo.reset()
     model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))

@@ -14,13 +14,11 @@ pytestmark = [
 ]
 
 
-def test_compiled_gemms_run_through_gemmtune(monkeypatch):
-    import torch._inductor.config as config
-
+def test_compiled_gemms_run_through_gemmtune(monkeypatch, inductor_post_pass):
     from gemmtune.api import dispatch
 
     monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")  # the model's first choice, untuned
-    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    inductor_post_pass(None)
     calls = []
     for name in ("tuned_gemm", "int_mm"):
         real = getattr(dispatch, name)
