@@ -50,6 +50,7 @@ HELP = {
         "--out-major",
         "--top-k",
         "--exhaustive",
+        "--configs",
         "--no-cublas",
         "--json",
     ],
@@ -282,6 +283,38 @@ def test_tune_table(capsys, fake_gpu):
     assert f"winner: {fast}  0.2100 ms" in out
     assert "torch.matmul: 0.2500 ms" in out and "backend: gemmtune" in out
     assert "wall 9.5 s, compile 12.0 s" in out and "bench 4.0 s" in out
+
+
+def test_tune_times_exactly_the_configs_named_each_one_in_the_final(capsys, fake_gpu):
+    keys = ["sm90_128x128_c2x2_coop_tma_sk7_rm_s1", "sm90_64x64_c2x2_pp_tma_sk16_rm_s8"]
+    assert main(["tune", "--shape", "512x512x32768", "--configs", " , ".join(keys)]) == 0
+    ((_, options),) = fake_gpu
+    assert [c.key for c in options["configs"]] == keys
+    assert options["sweep"] == 0 and options["finalists"] == 2
+    assert options["final_margin"] == float("inf") and options["cublas"] is True
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shape", "64x64x64", "--configs", "sm90_128x128"], "is not a GemmConfig key"),
+        (["--shape", "64x64x64", "--configs", ","], "name at least one config key"),
+        (
+            [
+                "--shape",
+                "64x64x64",
+                "--exhaustive",
+                "--configs",
+                "sm90_128x128_c1x1_coop_tma_dp_rm_s1",
+            ],
+            "not with --exhaustive",
+        ),
+    ],
+)
+def test_tune_configs_that_name_nothing_timeable_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        main(["tune", *argv])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_tune_json(capsys, fake_gpu):

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from gemmtune.cli import bench, doctor, pretune, results, tune
+from gemmtune.core.config import GemmConfig, InvalidConfigError
 from gemmtune.core.dtypes import KERNEL_INPUTS, KERNEL_OUTPUTS, SCALINGS
 from gemmtune.core.settings import MODES
 
@@ -40,6 +41,17 @@ def parse_shape(text: str) -> tuple[int, int, int, int | None]:
     if min(v for v in (m, n, k, l) if v is not None) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every size must be at least 1")
     return m, n, k, l
+
+
+def parse_configs(text: str) -> list[GemmConfig]:
+    """`--configs`: comma-separated config keys, each a `GemmConfig` as its key names it."""
+    keys = [key.strip() for key in text.split(",") if key.strip()]
+    if not keys:
+        raise argparse.ArgumentTypeError("name at least one config key")
+    try:
+        return [GemmConfig.from_key(key) for key in keys]
+    except InvalidConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -122,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--exhaustive", action="store_true", help="time every valid config (slow), not the top K"
+    )
+    p.add_argument(
+        "--configs",
+        type=parse_configs,
+        metavar="KEY[,KEY...]",
+        help="time exactly these configs (keys as `tune` and `show` print them), every one in "
+        "the final beside torch.matmul, in place of the ranking model's top K",
     )
     p.add_argument(
         "--no-cublas",
@@ -251,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cache {args.action} needs a FILE")
     if args.command == "tune" and (args.shape is None) == (not (args.shapes or args.model_config)):
         parser.error("tune needs --shape, or --shapes / --model-config (not both)")
+    if args.command == "tune" and args.configs and (args.exhaustive or args.shape is None):
+        parser.error("--configs times one --shape's configs: not with --exhaustive or --shapes")
     if getattr(args, "top_k", 1) < 1 or getattr(args, "runs", 1) < 1:
         parser.error("--top-k and --runs must be at least 1")
     return args.run(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from gemmtune.cli.text import NO_GPU, fail, first_line, fmt, num, table, tflops
 from gemmtune.core.dtypes import torch_dtype
@@ -150,9 +151,13 @@ def run(args: argparse.Namespace) -> int:
             f"gemmtune tune: no gemmtune kernel serves this problem ({problem.fallback_reason}); "
             "tuned_gemm hands it to torch.matmul"
         )
-    result = DISPATCHER.tune(
-        problem, top_k=args.top_k, exhaustive=args.exhaustive, cublas=not args.no_cublas
-    )
+    options = {"top_k": args.top_k, "exhaustive": args.exhaustive, "cublas": not args.no_cublas}
+    if args.configs:
+        # the keys name raster and swizzle too: no sweep, and every one in the final
+        options.update(
+            configs=args.configs, sweep=0, finalists=len(args.configs), final_margin=math.inf
+        )
+    result = DISPATCHER.tune(problem, **options)
     report = _tune_report(result, torch.cuda.get_device_name(problem.device))
     print(json.dumps(report, indent=1) if args.json else _format_tune(report))
     return 0 if report["best"] is not None or report["backend"] == "cublas" else 1
