@@ -30,6 +30,7 @@ SUITES = {
     "cache": "benchmarks.cache",
     "timings": "benchmarks.timings",
     "first-pass": "benchmarks.first_pass",
+    "read-ceiling": "benchmarks.read_ceiling",
 }
 PLOT_HELP = "draw an existing results file as a PNG: plot FILE.json [--out PNG]"
 
