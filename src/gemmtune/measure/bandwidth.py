@@ -31,7 +31,9 @@ class MemoryBandwidth:
 
 def measure_bandwidth(device: int | torch.device | None = None, runs: int = 30) -> MemoryBandwidth:
     """The read and copy bandwidth of the GPU `device` (default: the current one), in GB/s."""
-    device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    if device is None:
+        device = torch.cuda.current_device()
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     with torch.cuda.device(device):
         read_ms, copy_ms = _median_ms(device, runs)
     torch.cuda.empty_cache()  # the buffers are gone with `_median_ms`'s frame
