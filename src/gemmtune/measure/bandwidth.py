@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gemmtune.measure.timing import time_cuda
+from gemmtune.measure.timing import cuda_device, time_cuda
 
 #: Large against every L2 (50 MB on an H100, 60 MB on an H200), small against any HBM.
 BUFFER_BYTES = 2 << 30
@@ -31,9 +31,7 @@ class MemoryBandwidth:
 
 def measure_bandwidth(device: int | torch.device | None = None, runs: int = 30) -> MemoryBandwidth:
     """The read and copy bandwidth of the GPU `device` (default: the current one), in GB/s."""
-    if device is None:
-        device = torch.cuda.current_device()
-    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    device = cuda_device(device)
     with torch.cuda.device(device):
         read_ms, copy_ms = _median_ms(device, runs)
     torch.cuda.empty_cache()  # the buffers are gone with `_median_ms`'s frame

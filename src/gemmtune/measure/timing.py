@@ -61,6 +61,13 @@ class IdleWarmup:
         self.timed()
 
 
+def cuda_device(device: torch.device | int | None = None) -> torch.device:
+    """`device` as a torch.device: a CUDA index, a device, or None for the current one."""
+    if device is None:
+        device = torch.cuda.current_device()
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
 class L2Flusher:
     """Evicts the GPU's L2 by reading a buffer twice its size, so every timed run reads its
     inputs from HBM.
@@ -72,9 +79,7 @@ class L2Flusher:
     """
 
     def __init__(self, device: torch.device | int | None = None):
-        if device is None:
-            device = torch.cuda.current_device()
-        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        device = cuda_device(device)
         props = torch.cuda.get_device_properties(device)
         size = max(2 * getattr(props, "L2_cache_size", 64 << 20), 64 << 20)
         # float32: torch sums it at 3.4 TB/s on an H200, an int32 buffer (int64 sum) at 0.7
