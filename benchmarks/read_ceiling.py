@@ -68,8 +68,11 @@ def stream_reader() -> Callable | None:
     return read
 
 
-def contenders(weight, partials, copy_target, sink, total) -> dict[str, Callable[[], object]]:
-    """The reads of `weight` this suite times, by name."""
+def contenders(
+    weight, partials, copy_target, sink, total, read: Callable | None = None
+) -> dict[str, Callable[[], object]]:
+    """The reads of `weight` this suite times, by name; `read` (a `stream_reader()`) adds the
+    Triton read."""
     import torch
 
     fns: dict[str, Callable[[], object]] = {
@@ -77,7 +80,6 @@ def contenders(weight, partials, copy_target, sink, total) -> dict[str, Callable
         "copy": lambda: copy_target.copy_(weight),
         "empty": lambda: sink.add_(1.0),
     }
-    read = stream_reader()
     if read is not None:
         fns["stream"] = lambda: read(weight, partials)
     return fns
@@ -107,12 +109,13 @@ def main(argv: list[str] | None = None) -> Path:
     flush = L2Flusher(device)
     sink = torch.zeros(1, device=device)
     total = torch.zeros((), device=device)
+    read = stream_reader()
     rows = []
     for name, (k, n) in sorted(decode_weights().items(), key=lambda item: item[1][0] * item[1][1]):
         weight = torch.randn(k * n, device=device, dtype=torch.bfloat16)
         partials = torch.empty(-(-weight.numel() // STREAM_BLOCK), device=device)
         copy_target = torch.empty_like(weight)
-        fns = contenders(weight, partials, copy_target, sink, total)
+        fns = contenders(weight, partials, copy_target, sink, total, read)
         timings = time_in_windows(
             list(fns.values()), window_ms=args.window_ms, rounds=args.rounds, flush=flush
         )

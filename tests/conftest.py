@@ -36,22 +36,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def inductor_post_pass():
-    """Inductor's post-grad pass slot, restored after the test.
+    """Inductor's config with its post-grad pass slot empty, restored after the test.
 
-    A function that takes the value the slot holds during the test (None: empty). torch's own
-    `config.patch` restores it: pytest's monkeypatch deletes a module attribute it did not find
-    in the module's `__dict__`, and Inductor's config keeps its values elsewhere.
+    torch's own `config.patch` restores it (whatever the test assigns meanwhile): pytest's
+    monkeypatch deletes a module attribute it did not find in the module's `__dict__`, and
+    Inductor's config keeps its values elsewhere.
     """
     import torch._inductor.config as config
 
-    patches = []
-
-    def hold(value=None):
-        patch = config.patch(post_grad_custom_post_pass=value)
-        patch.__enter__()
-        patches.append(patch)
-        return config
-
-    yield hold
-    for patch in reversed(patches):
-        patch.__exit__(None, None, None)
+    with config.patch(post_grad_custom_post_pass=None):
+        yield config
