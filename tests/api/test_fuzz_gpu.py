@@ -6,8 +6,8 @@ and size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four o
 layouts, sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned,
 `out_dtype`. Plans are made by a chooser that gives each problem one of a few binaries
 (data-parallel, stream-K with swapped operands and a direct-store epilogue, split-K on a 2x1
-cluster) at random runtime fields, so the cases reach every decomposition without tuning; the
-binaries are compiled in parallel first.
+cluster, a narrow swapped split-K tile of 256-byte stages) at random runtime fields, so the
+cases reach every decomposition without tuning; the binaries are compiled in parallel first.
 
 GEMMTUNE_FUZZ_SEED replays a run (its seed is in every failure message), GEMMTUNE_FUZZ_CASES
 sets how many cases are drawn, GEMMTUNE_FUZZ_SECONDS bounds the run.
@@ -30,6 +30,7 @@ from gemmtune.api.dispatch import Dispatcher
 from gemmtune.cache.kernels import KernelCache
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.core.problem import GemmProblem, fallback_matmul
+from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import ceil_div
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
@@ -62,6 +63,15 @@ FUZZ_BINARIES = (
         swap_ab=True,
     ),
     GemmConfig(tile_m=128, tile_n=128, cluster_m=2, decomposition=Decomposition.SPLIT_K, splits=2),
+    GemmConfig(
+        tile_m=64,
+        tile_n=32,
+        schedule=Schedule.PINGPONG,
+        stage_k_bytes=256,
+        decomposition=Decomposition.SPLIT_K,
+        splits=2,
+        swap_ab=True,
+    ),
 )
 
 
@@ -70,12 +80,13 @@ class FuzzChooser(ConfigChooser):
     problem's sizes; None (torch.matmul) where none serves."""
 
     def config_for(self, problem: GemmProblem, mode: str) -> GemmConfig | None:
-        k_tiles = ceil_div(problem.k, rules.tile_k(problem.a_dtype.itemsize))
         serving = [
             variants
             for c in FUZZ_BINARIES
             if rules.serves(c, problem) is None
-            for variants in [runtime_variants(c, k_tiles)]
+            for variants in [
+                runtime_variants(c, ceil_div(problem.k, tile_k(c, problem.a_dtype.itemsize)))
+            ]
             if variants  # split-K needs two k-tiles
         ]
         if not serving:

@@ -18,6 +18,7 @@ CONFIGS = [
     GemmConfig(tile_m=256, tile_n=128, cluster_m=2, cluster_n=2, decomposition="stream_k"),
     GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True, raster="along_n", swizzle=8),
     GemmConfig(tile_n=64, swap_ab=True, decomposition="split_k", splits=3),
+    GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
     GemmConfig(arch="sm_100", tile_m=256, tile_n=224, cluster_m=4, two_cta=True),
     GemmConfig(arch="sm_100", tile_m=64, tile_n=32, cluster_n=16),
 ]
@@ -74,6 +75,15 @@ def test_runtime_variants_are_checked_and_leave_their_binary_alone(runtime, fiel
     assert hash(variant) == hash(GemmConfig.from_key(variant.key))
 
 
+def test_a_wide_stage_names_a_binary_of_its_own_and_the_default_keeps_its_key():
+    narrow = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True)
+    wide = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256)
+    assert narrow.key == "sm90_64x16_c1x1_swap_pp_tma_dp_rm_s1"
+    assert wide.key == "sm90_64x16_c1x1_swap_pp_tma_k256_dp_rm_s1"
+    assert wide.compile_key != narrow.compile_key
+    assert GemmConfig.from_key(narrow.key).stage_k_bytes == 128
+
+
 def test_swap_names_a_binary_of_its_own():
     swapped = GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True, swizzle=8)
     assert swapped.key == "sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8"
@@ -126,6 +136,8 @@ def test_strings_become_enums_and_config_is_frozen():
         ({"tile_m": 128.0}, "tile_m", "integer"),
         ({"tile_m": True}, "tile_m", "integer"),
         ({"tma_store": 1}, "tma_store", "bool"),
+        ({"stage_k_bytes": 192}, "stage_k_bytes", "one of (128, 256)"),
+        ({"stage_k_bytes": 256.0}, "stage_k_bytes", "integer"),
     ],
 )
 def test_invalid_fields_say_why(fields, field, why):

@@ -38,8 +38,11 @@ def test_a_2cta_split_k_counts_mma_tiles_and_each_cta_holds_half_a_tile():
 def test_eight_bit_inputs_count_k_tiles_of_128_bytes_on_hopper():
     from gemmtune.kernels import tile_k
 
-    assert (tile_k("sm_90", 2), tile_k("sm_90", 1)) == (64, 128)
-    assert (tile_k("sm_100", 2), tile_k("sm_100", 1)) == (64, 64)
+    hopper, blackwell = GemmConfig(), GemmConfig(arch="sm_100")
+    assert (tile_k(hopper, 2), tile_k(hopper, 1)) == (64, 128)
+    assert (tile_k(blackwell, 2), tile_k(blackwell, 1)) == (64, 64)
+    wide = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", stage_k_bytes=256)
+    assert (tile_k(wide, 2), tile_k(wide, 1)) == (128, 256)
     config = GemmConfig(tile_m=128, tile_n=128, decomposition="stream_k")
     # 1024 x 4352 x 4096: 32 k-tiles of 128 bytes for 8-bit inputs, 64 for 16-bit ones; the
     # stream-K region is the same two units' worth per cluster, but its split points differ

@@ -48,19 +48,20 @@ def _check(pool, jobs):
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_hgmma_without_spills(pool):
     configs = rules.implemented_configs()
-    assert len(configs) == 816
+    assert len(configs) == 936  # 120 of them narrow tiles with 256-byte stages
     reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
 
 
 @needs_nvdisasm
 def test_every_tile_compiles_split_k_and_stream_k(pool):
-    """Each tile and schedule with each decomposition that shares tiles, the cluster shapes
-    and epilogues taken in turn (the reduction's code depends on the tile and the schedule)."""
+    """Each tile, schedule and stage width with each decomposition that shares tiles, the
+    cluster shapes and epilogues taken in turn (the reduction's code depends on the tile and the schedule)."""
     configs = rules.implemented_configs((Decomposition.SPLIT_K, Decomposition.STREAM_K))
     by_tile: dict = {}
     for c in configs:
-        by_tile.setdefault((c.schedule, c.tile_m, c.tile_n, c.decomposition), []).append(c)
+        tile = (c.schedule, c.tile_m, c.tile_n, c.stage_k_bytes, c.decomposition)
+        by_tile.setdefault(tile, []).append(c)
     chosen = [variants[i % len(variants)] for i, variants in enumerate(by_tile.values())]
     assert {c.decomposition for c in chosen} == {Decomposition.SPLIT_K, Decomposition.STREAM_K}
     _check(pool, [CompileJob(c, KernelSignature()) for c in chosen])

@@ -42,6 +42,8 @@ sm90_128x128_c1x1_coop_tma_dp       | 2048x2048x8192 | e4m3 e4m3 bf16 | n | tens
 sm90_64x192_c2x1_pp_st_dp           |  1000x1528x2064 | e4m3 e5m2 fp32 | m | row promoted
 sm90_128x128_c1x1_coop_tma_sk4      |  520x512x32768 | e4m3 e4m3 bf16 | n | row promoted
 sm90_128x64_c1x1_swap_pp_st_streamk |  33x1000x3008 | e4m3 e4m3 fp32 | n | tensor promoted
+sm90_128x32_c1x1_swap_pp_tma_k256_dp |  16x4096x4096 | e4m3 e4m3 bf16 | n | tensor
+sm90_64x16_c1x1_swap_pp_st_k256_sk2 |   3x6144x4112 | e4m3 e5m2 fp16 | n | row
 """
 
 

@@ -125,6 +125,12 @@ sm90_256x112_c1x4_coop_tma_streamk | 2999x4104x1000x1 | tn | bf16 bf16 | n
 sm90_64x112_c4x1_swap_pp_tma_sk3   |   520x512x32768x1 | tt | bf16 bf16 | n
 sm90_128x176_c1x4_coop_st_sk4      |  1000x1000x3000x2 | nn | bf16 fp32 | m
 sm90_192x80_c4x1_coop_tma_streamk  |    264x392x200x1 | tt | fp16 fp16 | n
+sm90_128x16_c1x1_swap_coop_tma_k256_dp | 16x4096x4096x1 | tt | bf16 bf16 | n
+sm90_64x32_c4x1_swap_pp_tma_k256_dp  |  13x6144x4104x1 | tn | fp16 fp16 | n
+sm90_64x16_c1x2_swap_pp_st_k256_sk3  |  5x8192x14336x1 | tt | bf16 fp32 | n
+sm90_128x32_c1x1_swap_pp_tma_k256_streamk | 16x4096x8200x1 | tt | bf16 bf16 | n
+sm90_64x16_c2x1_swap_pp_tma_k256_dp  |   1x8192x1040x1 | tt | int8 int32 | n
+sm90_128x48_c1x1_pp_tma_k256_dp      |  1000x48x2056x2 | nn | bf16 bf16 | m
 """
 
 

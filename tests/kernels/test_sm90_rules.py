@@ -107,3 +107,34 @@ def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=128)) == 2  # 3 x 64 <= 200
     assert sm90.promotion_buffers(GemmConfig(tile_m=64, tile_n=16, schedule="pingpong")) == 2
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=192)) == 1  # 3 x 96 > 200
+
+
+def test_wide_stages_are_for_narrow_tiles_and_hold_twice_the_bytes():
+    narrow = GemmConfig(tile_m=128, tile_n=16, swap_ab=True)
+    wide = dataclasses.replace(narrow, stage_k_bytes=256)
+    assert rules.implements(wide) is None
+    bf16 = KernelSignature()
+    plan, wide_plan = rules.smem_plan(narrow, bf16), rules.smem_plan(wide, bf16)
+    assert wide_plan.ab_stage_bytes == 2 * plan.ab_stage_bytes == 144 * 256
+    assert wide_plan.ab_stages == 6 and plan.ab_stages == 12
+    assert rules.tile_k(2, 256) == 128 and rules.tile_k(1, 256) == 256
+    # a 64-wide tile is bound by its MMAs or its L2 traffic: no wide stages
+    assert "narrow tiles" in rules.implements(GemmConfig(tile_n=64, stage_k_bytes=256))
+    # 192 + 48 rows of 256 bytes leave fewer than four stages
+    assert "stages of 256 bytes" in rules.implements(
+        GemmConfig(tile_m=192, tile_n=48, stage_k_bytes=256)
+    )
+    implemented = rules.implemented_configs()
+    assert wide in [dataclasses.replace(c, swap_ab=True) for c in implemented]
+    assert all(c.tile_n in rules.NARROW_TILE_NS for c in implemented if c.stage_k_bytes == 256)
+
+
+def test_promoted_fp8_refuses_wide_stages():
+    wide = GemmConfig(tile_m=128, tile_n=32, stage_k_bytes=256)
+    promoted = KernelSignature(
+        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
+    )
+    fast = dataclasses.replace(promoted, promoted=False)
+    assert "every 128 elements" in rules.signature_reason(wide, promoted)
+    assert rules.signature_reason(wide, fast) is None
+    assert rules.signature_reason(dataclasses.replace(wide, stage_k_bytes=128), promoted) is None

@@ -149,10 +149,10 @@ def test_exhaustive_times_every_binary_and_split_count():
     )
     split_k = [r for r in result.results if r.config.decomposition is Decomposition.SPLIT_K]
     assert {r.config.splits for r in split_k} == {2, 3, 4, 6, 8, 12, 16}
-    # 816 data-parallel and 816 stream-K binaries, 744 split-K ones at 7 split counts each,
-    # each also swapped (but 48 that would spill)
-    assert len(compiled) == 2376 * 2 - 48
-    assert len(result.results) == (816 + 816 + 744 * 7) * 2 - 48
+    # 936 data-parallel and 936 stream-K binaries, 864 split-K ones at 7 split counts each
+    # (the narrow tiles at both stage widths), each also swapped (but 48 that would spill)
+    assert len(compiled) == 2736 * 2 - 48
+    assert len(result.results) == (936 + 936 + 864 * 7) * 2 - 48
 
 
 def test_unsupported_problems_are_refused():

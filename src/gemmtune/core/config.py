@@ -1,9 +1,9 @@
 """`GemmConfig`: the one description of a kernel variant.
 
 A config is data. Its *compile-time* fields pick a binary (tile, cluster, 2-CTA, schedule,
-epilogue, decomposition, operand swap); its *runtime* fields (split count, raster order,
-swizzle) are kernel arguments, so sweeping them costs a launch, never a compile. `key` names
-the whole variant, `compile_key` the binary.
+epilogue, stage depth in K, decomposition, operand swap); its *runtime* fields (split count,
+raster order, swizzle) are kernel arguments, so sweeping them costs a launch, never a
+compile. `key` names the whole variant, `compile_key` the binary.
 
 Fields are validated on construction against what the hardware allows at all; whether a given
 kernel implements a config, and whether it can serve a given problem, is the kernels' business
@@ -55,6 +55,8 @@ SWIZZLES = (1, 2, 4, 8)
 TILE_MS = (64, 128, 192, 256)
 MAX_CLUSTER_CTAS = 16  # Hopper and Blackwell allow 16 with the non-portable cluster attribute
 MAX_SPLITS = 16
+#: Bytes of each A and B row one pipeline stage holds: one 128-byte swizzle atom, or two
+STAGE_K_BYTES = (128, 256)
 # torch.matmul (cuBLAS) as a tuning candidate: its name where a config key would stand
 CUBLAS = "cublas"
 
@@ -89,6 +91,9 @@ class GemmConfig:
     # height no 64-row warpgroup MMA has). The binary is the unswapped kernel built for the
     # transposed layouts.
     swap_ab: bool = False
+    # Bytes of each A and B row (the K extent) one pipeline stage holds. Wider stages read
+    # longer runs of each weight row per load, fewer and larger stages in the same memory.
+    stage_k_bytes: int = 128
     # runtime fields: kernel arguments, not part of the binary
     splits: int = 1
     raster: Raster = Raster.ALONG_M
@@ -116,7 +121,7 @@ class GemmConfig:
         def fail(field: str, why: str) -> None:
             raise InvalidConfigError(f"{field}={getattr(self, field)!r}: {why}")
 
-        for name in ("tile_m", "tile_n", "cluster_m", "cluster_n"):
+        for name in ("tile_m", "tile_n", "cluster_m", "cluster_n", "stage_k_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 fail(name, "must be an integer")
@@ -129,6 +134,8 @@ class GemmConfig:
             fail("tile_m", f"must be one of {TILE_MS}")
         if self.tile_n % 8 or not 8 <= self.tile_n <= 256:
             fail("tile_n", "must be a multiple of 8 from 8 to 256 (the MMA instruction's N)")
+        if self.stage_k_bytes not in STAGE_K_BYTES:
+            fail("stage_k_bytes", f"must be one of {STAGE_K_BYTES}")
         for name in ("cluster_m", "cluster_n"):
             if not _is_pow2(getattr(self, name)):
                 fail(name, "must be a power of two")
@@ -185,6 +192,8 @@ class GemmConfig:
             parts.append("swap")
         parts.append(_SCHEDULE_TAGS[self.schedule])
         parts.append("tma" if self.tma_store else "st")
+        if self.stage_k_bytes != STAGE_K_BYTES[0]:
+            parts.append(f"k{self.stage_k_bytes}")
         parts.append(_DECOMP_TAGS[self.decomposition])
         return "_".join(parts)
 
@@ -192,7 +201,8 @@ class GemmConfig:
     def key(self) -> str:
         """Stable string naming the whole variant, e.g. `sm90_128x256_c2x1_coop_tma_dp_rm_s1`
         (a split-K config carries its split count: `..._sk4_rm_s1`; a swapped one `_swap`
-        after its cluster: `sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8`)."""
+        after its cluster: `sm90_256x208_c1x2_swap_coop_tma_dp_rm_s8`; stages wider than 128 bytes
+        in K their width after the epilogue: `sm90_64x16_c1x1_swap_pp_tma_k256_dp_rm_s8`)."""
         splits = str(self.splits) if self.decomposition is Decomposition.SPLIT_K else ""
         return f"{self.compile_key}{splits}_r{_RASTER_TAGS[self.raster]}_s{self.swizzle}"
 
@@ -204,7 +214,7 @@ class GemmConfig:
         """Parse a `key` back into the config it names."""
         pattern = (
             r"(?P<arch>sm\d+)_(?P<tm>\d+)x(?P<tn>\d+)_c(?P<cm>\d+)x(?P<cn>\d+)(?P<two>_2cta)?"
-            r"(?P<swap>_swap)?_(?P<sched>coop|pp)_(?P<epi>tma|st)_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
+            r"(?P<swap>_swap)?_(?P<sched>coop|pp)_(?P<epi>tma|st)(?:_k(?P<kb>\d+))?_(?P<dec>dp|streamk|sk)(?P<splits>\d+)?_r(?P<raster>[mn])_s(?P<sw>\d+)"
         )
         match = re.fullmatch(pattern, key)
         if match is None:
@@ -221,6 +231,7 @@ class GemmConfig:
             swap_ab=g["swap"] is not None,
             schedule={tag: v for v, tag in _SCHEDULE_TAGS.items()}[g["sched"]],
             tma_store=g["epi"] == "tma",
+            stage_k_bytes=int(g["kb"] or STAGE_K_BYTES[0]),
             decomposition=decomposition,
             splits=int(g["splits"] or 1),
             raster={tag: r for r, tag in _RASTER_TAGS.items()}[g["raster"]],

@@ -18,12 +18,16 @@ RULES = {"sm_90": "gemmtune.kernels.sm90.rules", "sm_100": "gemmtune.kernels.sm1
 
 
 @functools.cache
-def tile_k(arch: str, ab_bytes: int) -> int:
-    """K extent, in elements of `ab_bytes` bytes, of a tile of the kernel of `arch` ("sm_90"):
-    what the host counts k-tiles in, as the kernel does."""
+def _rules(arch: str):
     import importlib
 
-    return importlib.import_module(RULES[arch]).tile_k(ab_bytes)
+    return importlib.import_module(RULES[arch])
+
+
+def tile_k(config: GemmConfig, ab_bytes: int) -> int:
+    """K extent, in elements of `ab_bytes` bytes, of one pipeline stage of `config`'s kernel:
+    what the host counts k-tiles in, as the kernel does."""
+    return _rules(config.arch).tile_k(ab_bytes, config.stage_k_bytes)
 
 
 def serve_reason(

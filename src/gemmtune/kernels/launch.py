@@ -46,7 +46,7 @@ def workspace_need(
     schedule = make_schedule(
         config.decomposition.value,
         grid,
-        ceil_div(k, tile_k(config.arch, ab_bytes)),
+        ceil_div(k, tile_k(config, ab_bytes)),
         max_active_clusters,
         splits=config.splits,
     )

@@ -82,8 +82,14 @@ def candidates(
     from gemmtune.kernels import tile_k
     from gemmtune.kernels.schedule_model import ceil_div
 
-    k_tiles = ceil_div(problem.k, tile_k((arch or problem.arch).value, problem.a_dtype.itemsize))
-    out = [v for b in binaries(problem, arch) for v in runtime_variants(b, k_tiles, orders=orders)]
+    ab_bytes = problem.a_dtype.itemsize
+    out = [
+        variant
+        for binary in binaries(problem, arch)
+        for variant in runtime_variants(
+            binary, ceil_div(problem.k, tile_k(binary, ab_bytes)), orders=orders
+        )
+    ]
     log.info(
         "%d candidate configs for %dx%dx%dx%d on %s",
         len(out),

@@ -46,7 +46,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES
+from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -56,6 +56,10 @@ NARROW_SWIZZLE_COST = 0.05
 SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
 #: The layout the families are fitted on (`python -m benchmarks timings`): row-major a and b.
 FITTED_MAJORS = ("k", "n")
+#: A stage 256 bytes deep in K loads each weight row in runs twice as long, and a kernel at the
+#: memory floor streams its operands this much faster: 3-6 % on decode weights of 34-201 MB
+#: with narrow tiles on an H100 (`docs/kernels.md`, serving shapes).
+WIDE_STAGE_MEMORY_FACTOR = 0.96
 
 
 def narrow_swizzles(
@@ -210,7 +214,7 @@ class RankingModel:
         """An unmeasured family: the MMA work of a k-tile at an efficiency that grows with the
         tile (bigger tiles reuse operands more), and an epilogue that writes the tile."""
         rows = config.tile_m // (2 if config.two_cta else 1)
-        flops = 2 * rows * config.tile_n * (TILE_K_BYTES // 2)  # a k-tile of 16-bit inputs
+        flops = 2 * rows * config.tile_n * (config.stage_k_bytes // 2)  # 16-bit inputs
         efficiency = 0.92 * (1 - 16 / config.tile_n) * min(1.0, rows / 128) ** 0.25
         a = flops / (self.device.mma_flops_per_us_per_sm * max(efficiency, 0.2))
         c = 1.0 + rows * config.tile_n * 2 / 20e3
@@ -233,7 +237,7 @@ class RankingModel:
         cta_tile = config.tile_m // config.cta_group * config.tile_n  # outputs one CTA holds
         resident = self.device.resident_clusters(ctas)
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
-        k_tiles = ceil_div(problem.k, tile_k(config.arch, problem.a_dtype.itemsize))
+        k_tiles = ceil_div(problem.k, tile_k(config, problem.a_dtype.itemsize))
         units = grid.work_units
         if config.decomposition is Decomposition.DATA_PARALLEL:
             compute = ceil_div(units, resident) * (a * k_tiles + c)
@@ -272,7 +276,9 @@ class RankingModel:
         memory = (in_bytes + out_bytes + partial_bytes) / self.device.hbm_bytes_per_us
         penalty = calibration.get("overlap_penalty", 0.0)
         # the partial tiles are written and summed after the mainloop: nothing hides them
-        return max(compute, memory) + penalty * min(compute, memory) + reduction
+        # wide stages lower the floor where it binds, nothing else
+        floor = memory * (WIDE_STAGE_MEMORY_FACTOR if config.stage_k_bytes > TILE_K_BYTES else 1)
+        return max(compute, floor) + penalty * min(compute, memory) + reduction
 
     def roofline_us(self, problem: GemmProblem) -> float:
         """The least time the GPU needs for the problem: its MMA work at peak, or moving its
@@ -299,7 +305,8 @@ class RankingModel:
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
         would spend two places on one guess; for the same reason a tie of epilogues (`tie_key`,
-        `TIE_MARGIN`) takes one place."""
+        `TIE_MARGIN`) takes one place. Of a narrow tile's two stage widths in K, the one
+        predicted faster takes the place (the 128-byte one on a tie)."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -308,6 +315,8 @@ class RankingModel:
             found = []
             if config.swap_ab:
                 found.append(dataclasses.replace(config, swap_ab=False))
+            if config.stage_k_bytes > TILE_K_BYTES:
+                found.append(dataclasses.replace(config, stage_k_bytes=TILE_K_BYTES))
             if config.decomposition is not Decomposition.DATA_PARALLEL:
                 found.append(
                     dataclasses.replace(config, decomposition=Decomposition.DATA_PARALLEL, splits=1)
@@ -322,6 +331,9 @@ class RankingModel:
             if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
+                continue
+            wide = dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
+            if config.stage_k_bytes == TILE_K_BYTES and t > predicted.get(wide, math.inf):
                 continue
             tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):

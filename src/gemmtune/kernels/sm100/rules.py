@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 TILE_K = 64
 
 
-def tile_k(ab_bytes: int) -> int:
-    """K extent of a tile in elements of `ab_bytes` bytes: `TILE_K` whatever the type."""
+def tile_k(ab_bytes: int, stage_k_bytes: int = 128) -> int:
+    """K extent of a tile in elements of `ab_bytes` bytes: `TILE_K` whatever the type (the
+    kernel implements the default stage width only)."""
     return TILE_K
 
 
@@ -131,6 +132,8 @@ def implements(config: GemmConfig) -> str | None:
     """Why the Blackwell kernel cannot be built for `config`, or None when it can."""
     if config.arch != "sm_100":
         return f"the Blackwell kernel compiles for sm_100, not {config.arch}"
+    if config.stage_k_bytes != 128:
+        return "the Blackwell kernel's stages hold 128 bytes of each row in K"
     allowed = TILE_M_TWO_CTA if config.two_cta else TILE_M_ONE_CTA
     if config.tile_m not in allowed:
         return f"tile_m must be one of {allowed} {'with' if config.two_cta else 'without'} 2-CTA"

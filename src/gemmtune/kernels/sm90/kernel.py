@@ -61,7 +61,11 @@ class HopperGemm:
         self.signature = signature
         self.dependent_launch = dependent_launch
         self.cooperative = config.schedule is Schedule.COOPERATIVE
-        self.tile_shape_mnk = (config.tile_m, config.tile_n, rules.tile_k(signature.ab_bytes))
+        self.tile_shape_mnk = (
+            config.tile_m,
+            config.tile_n,
+            rules.tile_k(signature.ab_bytes, config.stage_k_bytes),
+        )
         self.cluster_shape_mn = (config.cluster_m, config.cluster_n)
         plan = rules.smem_plan(config, signature)
         self.ab_stages, self.epi_stages = plan.ab_stages, plan.epi_stages

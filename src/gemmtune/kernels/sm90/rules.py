@@ -21,14 +21,15 @@ if TYPE_CHECKING:
 SMEM_CAPACITY = 232448
 #: Kept back for mbarriers and alignment padding.
 SMEM_RESERVED = 1024
-#: K extent of a tile in bytes: one 128-byte swizzle atom of a K-major row, four WGMMAs (k16
-#: for 16-bit types, k32 for 8-bit ones)
+#: K extent of a tile in bytes by default: one 128-byte swizzle atom of a K-major row, four
+#: WGMMAs (k16 for 16-bit types, k32 for 8-bit ones)
 TILE_K_BYTES = 128
 
 
-def tile_k(ab_bytes: int) -> int:
-    """K extent of a tile in elements of `ab_bytes` bytes: 64 16-bit ones, 128 8-bit ones."""
-    return TILE_K_BYTES // ab_bytes
+def tile_k(ab_bytes: int, stage_k_bytes: int = TILE_K_BYTES) -> int:
+    """K extent of a tile (one pipeline stage) in elements of `ab_bytes` bytes: by default 64
+    16-bit ones, 128 8-bit ones; twice that in a 256-byte stage."""
+    return stage_k_bytes // ab_bytes
 
 
 THREADS_PER_WARPGROUP = 128
@@ -64,6 +65,14 @@ FITTED_MIN_TILE_N = 64
 # (a 640 x 1800 output in 128x80 swapped tiles: 15 x 8 = 120; 333 rows in two 176-wide ones)
 TILE_N_CHOICES = tuple(sorted((*NARROW_TILE_NS, *range(64, 257, 32), 80, 112, 144, 176, 208)))
 CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (4, 1))
+#: Stages 256 bytes deep in K, for narrow tiles only: a decode GEMM streams its weight, and
+#: loads of 256 bytes of each weight row read it faster than loads of 128 (16 x 6144 x 16384,
+#: swapped 128x16 tiles: 72.7 against 77.6 µs on an H100; docs/kernels.md). Wider tiles are
+#: bound by their MMAs or their L2 traffic, where half the stages would cost more than the
+#: longer runs win.
+WIDE_STAGE_K_BYTES = 256
+#: The fewest stages a wide-stage tile must keep (a narrow 128-byte one keeps 10 to 22)
+MIN_WIDE_STAGES = 4
 EPI_TILE_N = 32
 MIN_AB_STAGES = 2
 
@@ -139,7 +148,7 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest, then what those leave to more epilogue buffers."""
-    ab_stage_bytes = (config.tile_m + config.tile_n) * TILE_K_BYTES
+    ab_stage_bytes = (config.tile_m + config.tile_n) * config.stage_k_bytes
 
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
         return (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
@@ -201,6 +210,14 @@ def implements(config: GemmConfig) -> str | None:
     plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
+    if config.stage_k_bytes != TILE_K_BYTES:
+        if config.stage_k_bytes != WIDE_STAGE_K_BYTES or config.tile_n not in NARROW_TILE_NS:
+            return (
+                f"stages of {config.stage_k_bytes} bytes in K: {TILE_K_BYTES}, or "
+                f"{WIDE_STAGE_K_BYTES} for narrow tiles (tile_n in {NARROW_TILE_NS})"
+            )
+        if plan.ab_stages < MIN_WIDE_STAGES:
+            return f"only {plan.ab_stages} stages of {WIDE_STAGE_K_BYTES} bytes in K fit"
     return None
 
 
@@ -217,12 +234,14 @@ def implemented_configs(
             "cluster_n": cluster_n,
             "schedule": schedule,
             "tma_store": tma_store,
+            "stage_k_bytes": stage_k_bytes,
         }
         for schedule, tile_ms in TILE_M_BY_SCHEDULE.items()
         for tile_m in tile_ms
         for tile_n in TILE_N_CHOICES
         for cluster_m, cluster_n in CLUSTER_SHAPES
         for tma_store in (True, False)
+        for stage_k_bytes in (TILE_K_BYTES, WIDE_STAGE_K_BYTES)
     ]
     return [c for c in expand_families(families, decompositions) if implements(c) is None]
 
@@ -234,12 +253,18 @@ BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
 
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
-    would spill, or None: promoted fp8 accumulation's two register tiles beyond what a
-    consumer holds, more than 192 accumulator registers with a batch index to carry,
-    192 or more stored directly to an M-major output, and `BATCHED_SPILLING_TILES`. The compile
-    test of every signature checks these limits."""
+    would spill or compute otherwise than it should, or None: promoted fp8 accumulation over
+    stages wider than the 128 elements it sums the tensor cores' results after, or with two
+    register tiles beyond what a consumer holds; more than 192 accumulator registers with a
+    batch index to carry, 192 or more stored directly to an M-major output, and
+    `BATCHED_SPILLING_TILES`. The compile test of every signature checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
+    if built_for.promoted and config.stage_k_bytes != TILE_K_BYTES:
+        return (
+            f"promoted accumulation adds the tensor cores' sums every {TILE_K_BYTES} elements "
+            f"(one {TILE_K_BYTES}-byte stage)"
+        )
     if built_for.promoted and 2 * regs > max_accumulator_registers(config):
         return (
             f"promoted accumulation holds a k-tile's partial sums beside the accumulators: "
