@@ -56,7 +56,8 @@ def test_every_implemented_config_compiles_to_hgmma_without_spills(pool):
 @needs_nvdisasm
 def test_every_tile_compiles_split_k_and_stream_k(pool):
     """Each tile, schedule and stage width with each decomposition that shares tiles, the
-    cluster shapes and epilogues taken in turn (the reduction's code depends on the tile and the schedule)."""
+    cluster shapes and epilogues taken in turn (the reduction's code depends on the tile and
+    the schedule)."""
     configs = rules.implemented_configs((Decomposition.SPLIT_K, Decomposition.STREAM_K))
     by_tile: dict = {}
     for c in configs:

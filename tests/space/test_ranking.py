@@ -85,16 +85,13 @@ def test_decode_batches_rank_narrow_swapped_tiles_first(m):
 
 
 @pytest.mark.parametrize("m", [1, 16])
-def test_decode_batches_rank_wide_stages_before_their_128_byte_twins(m):
+def test_decode_batches_rank_wide_stages_ahead_of_128_byte_ones(m):
     # 16 x 6144 x 4096 and 16 x 6144 x 16384 on an H100: narrow swapped tiles with 256-byte
     # stages ran 3-6 % faster than the same tiles with 128-byte ones
     model = RankingModel()
     p = problem(m, 6144, 4096, linear=True)
     top = model.top_k(p, candidates(p, orders=False), 8)
-    assert top[0].stage_k_bytes == 256
-    for config in top:
-        other = dataclasses.replace(config, stage_k_bytes=384 - config.stage_k_bytes)
-        assert other not in top  # one stage width of a tile takes a place
+    assert all(c.stage_k_bytes == 256 for c in top if c.tile_n in (16, 32, 48))
     narrow = dataclasses.replace(top[0], stage_k_bytes=128)
     assert model.predict_us(p, top[0]) < model.predict_us(p, narrow)
 

@@ -46,7 +46,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES
+from gemmtune.kernels.sm90.rules import TILE_K_BYTES
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -305,8 +305,9 @@ class RankingModel:
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
         would spend two places on one guess; for the same reason a tie of epilogues (`tie_key`,
-        `TIE_MARGIN`) takes one place. Of a narrow tile's two stage widths in K, the one
-        predicted faster takes the place (the 128-byte one on a tie)."""
+        `TIE_MARGIN`) takes one place. A narrow tile's 256-byte stages take a place only when
+        predicted faster than its 128-byte ones: at the memory floor, where they rank ahead of
+        every 128-byte config."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -331,9 +332,6 @@ class RankingModel:
             if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
-                continue
-            wide = dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
-            if config.stage_k_bytes == TILE_K_BYTES and t > predicted.get(wide, math.inf):
                 continue
             tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
