@@ -62,3 +62,9 @@ def test_every_implemented_config_fits_tensor_and_shared_memory():
             smem = rules.smem_plan(config, KernelSignature(out_dtype=out))
             assert smem.ab_stages >= rules.MIN_AB_STAGES
             assert smem.total_bytes <= rules.SMEM_CAPACITY
+
+
+def test_the_blackwell_kernel_keeps_128_byte_stages():
+    assert rules.implements(sm100(tile_m=128, tile_n=32)) is None
+    assert "128 bytes" in rules.implements(sm100(tile_m=128, tile_n=32, stage_k_bytes=256))
+    assert all(c.stage_k_bytes == 128 for c in rules.implemented_configs())
