@@ -251,3 +251,16 @@ def test_split_k_waits_once_per_wave_whatever_the_tile():
     # data-parallel and stream-K launches do not wait for splits
     for config in (GemmConfig(), GemmConfig(decomposition="stream_k")):
         assert waiting.predict_us(p, config) == calm.predict_us(p, config)
+
+
+def test_a_wide_stage_has_a_family_of_its_own():
+    # constants are per k-tile, and a 256-byte k-tile is twice a 128-byte one's work: a wide
+    # tile never takes its 128-byte twin's fitted constants
+    narrow = GemmConfig(tile_m=64, tile_n=32, schedule="pingpong", swap_ab=True)
+    wide = dataclasses.replace(narrow, stage_k_bytes=256)
+    assert family(wide) != family(narrow)
+    model = RankingModel(calibration={"families": {family(narrow): [0.5, 1.0]}})
+    assert model.constants(narrow)[:2] == (0.5, 1.0)
+    a_wide = model.constants(wide)[0]
+    a_analytic = RankingModel(calibration={}).constants(narrow)[0]
+    assert a_wide == pytest.approx(2 * a_analytic)

@@ -150,9 +150,11 @@ def _family_key(config: GemmConfig, tile_n: int) -> str:
     """The key of the family of `config` at another width."""
     cta = "_2cta" if config.two_cta else ""
     epi = "tma" if config.tma_store else "st"
+    # a wider stage is a k-tile of more work: constants per k-tile are its own
+    stage = f"_k{config.stage_k_bytes}" if config.stage_k_bytes != TILE_K_BYTES else ""
     return (
         f"{config.arch}_{config.tile_m}x{tile_n}_c{config.cluster_m}x{config.cluster_n}"
-        f"{cta}_{config.schedule.value}_{epi}"
+        f"{cta}_{config.schedule.value}_{epi}{stage}"
     )
 
 
