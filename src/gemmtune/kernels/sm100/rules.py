@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gemmtune.core.config import Decomposition, GemmConfig, expand_families
+from gemmtune.core.config import STAGE_K_BYTES, Decomposition, GemmConfig, expand_families
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90.rules import (
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
 
 #: K extent of a tile in elements, of every input type
 TILE_K = 64
+#: The one stage width (`GemmConfig.stage_k_bytes`) the kernel implements
+DEFAULT_STAGE_K_BYTES = STAGE_K_BYTES[0]
 
 
-def tile_k(ab_bytes: int, stage_k_bytes: int = 128) -> int:
+def tile_k(ab_bytes: int, stage_k_bytes: int = DEFAULT_STAGE_K_BYTES) -> int:
     """K extent of a tile in elements of `ab_bytes` bytes: `TILE_K` whatever the type (the
     kernel implements the default stage width only)."""
     return TILE_K
@@ -132,8 +134,8 @@ def implements(config: GemmConfig) -> str | None:
     """Why the Blackwell kernel cannot be built for `config`, or None when it can."""
     if config.arch != "sm_100":
         return f"the Blackwell kernel compiles for sm_100, not {config.arch}"
-    if config.stage_k_bytes != 128:
-        return "the Blackwell kernel's stages hold 128 bytes of each row in K"
+    if config.stage_k_bytes != DEFAULT_STAGE_K_BYTES:
+        return f"the Blackwell kernel's stages hold {DEFAULT_STAGE_K_BYTES} bytes of each row in K"
     allowed = TILE_M_TWO_CTA if config.two_cta else TILE_M_ONE_CTA
     if config.tile_m not in allowed:
         return f"tile_m must be one of {allowed} {'with' if config.two_cta else 'without'} 2-CTA"

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gemmtune.core.config import Decomposition, GemmConfig, Schedule, expand_families
+from gemmtune.core.config import (
+    STAGE_K_BYTES,
+    Decomposition,
+    GemmConfig,
+    Schedule,
+    expand_families,
+)
 from gemmtune.kernels import serve_reason
 from gemmtune.kernels.signature import KernelSignature
 
@@ -23,7 +29,7 @@ SMEM_CAPACITY = 232448
 SMEM_RESERVED = 1024
 #: K extent of a tile in bytes by default: one 128-byte swizzle atom of a K-major row, four
 #: WGMMAs (k16 for 16-bit types, k32 for 8-bit ones)
-TILE_K_BYTES = 128
+TILE_K_BYTES = STAGE_K_BYTES[0]
 
 
 def tile_k(ab_bytes: int, stage_k_bytes: int = TILE_K_BYTES) -> int:
@@ -70,7 +76,7 @@ CLUSTER_SHAPES = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (4, 1))
 #: swapped 128x16 tiles: 72.7 against 77.6 µs on an H100; docs/kernels.md). Wider tiles are
 #: bound by their MMAs or their L2 traffic, where half the stages would cost more than the
 #: longer runs win.
-WIDE_STAGE_K_BYTES = 256
+WIDE_STAGE_K_BYTES = STAGE_K_BYTES[1]
 #: The fewest stages a wide-stage tile must keep (a narrow 128-byte one keeps 10 to 22)
 MIN_WIDE_STAGES = 4
 EPI_TILE_N = 32
@@ -210,12 +216,9 @@ def implements(config: GemmConfig) -> str | None:
     plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
-    if config.stage_k_bytes != TILE_K_BYTES:
-        if config.stage_k_bytes != WIDE_STAGE_K_BYTES or config.tile_n not in NARROW_TILE_NS:
-            return (
-                f"stages of {config.stage_k_bytes} bytes in K: {TILE_K_BYTES}, or "
-                f"{WIDE_STAGE_K_BYTES} for narrow tiles (tile_n in {NARROW_TILE_NS})"
-            )
+    if config.stage_k_bytes == WIDE_STAGE_K_BYTES:
+        if config.tile_n not in NARROW_TILE_NS:
+            return f"wide stages are for narrow tiles (tile_n in {NARROW_TILE_NS})"
         if plan.ab_stages < MIN_WIDE_STAGES:
             return f"only {plan.ab_stages} stages of {WIDE_STAGE_K_BYTES} bytes in K fit"
     return None
