@@ -235,6 +235,30 @@ def test_partial_tiles_cost_time_even_when_memory_bound():
     assert costly.predict_us(p, config) - free.predict_us(p, config) == pytest.approx(tile_kb)
 
 
+def test_split_k_partials_add_nothing_to_the_memory_floor():
+    # a split-K wave writes its partials and reads them back from L2: a slow memory makes the
+    # floor bind, and splitting deeper must not raise it
+    slow_memory = RankingModel(DeviceModel(hbm_bytes_per_us=1.0e3), FLAT)
+    p = problem(512, 512, 32768)
+    floors = [
+        slow_memory.predict_us(p, GemmConfig(decomposition="split_k", splits=s))
+        - slow_memory.constants(GemmConfig(decomposition="split_k", splits=s))[2] * 2
+        for s in (2, 4, 8)
+    ]
+    assert floors == pytest.approx([floors[0]] * 3)
+
+
+def test_small_mn_long_k_on_an_h100_times_deep_splits_of_128x128_tiles():
+    # 512 x 512 x 32768 and 256 x 1024 x 65536 on an H100: 128x128 tiles split by 8 in clusters
+    # of two led (36.7-37.9 and 69.4-71.3 µs), 128x64 split by 4 took 42.5 and 85.6
+    h100 = RankingModel(DeviceModel.for_gpu("NVIDIA H100 80GB HBM3", 132, {1: 132, 2: 66, 4: 30}))
+    for m, n, k in ((512, 512, 32768), (256, 1024, 65536)):
+        p = problem(m, n, k, linear=True)
+        top = h100.top_k(p, candidates(p, orders=False), 8)
+        deep = [c for c in top if (c.tile_m, c.tile_n, c.splits) == (128, 128, 8)]
+        assert any(c.cluster_m * c.cluster_n == 2 for c in deep), [c.key for c in top]
+
+
 def test_split_k_waits_once_per_wave_whatever_the_tile():
     p = problem(512, 512, 32768)
     calm = RankingModel(DeviceModel(), FLAT)
