@@ -2,8 +2,9 @@
 
 Reads `results/timings-<gpu>-<date>.json.gz` (`python -m benchmarks timings`), fits each
 family's (µs per k-tile, µs per item) by weighted least squares on its data-parallel timings,
-picks the partial-tile costs, split-K wait, compute/memory overlap penalty and HBM re-read
-fraction of operands shared between clusters that rank best, and writes
+picks the split-K wait, compute/memory overlap penalty and HBM re-read fraction of operands
+shared between clusters that rank best (the partial-tile costs are set: `SPLIT_K_COSTS`,
+`STREAM_K_COSTS`), and writes
 `src/gemmtune/space/calibration_sm_90.json`. Then, shape by shape, replays the tuner on the
 measured data: the model's top k configs, the runtime sweep (raster x swizzle) of the best two,
 against the exhaustive best; each shape is also replayed with its own timings left out of the
