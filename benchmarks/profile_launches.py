@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from gemmtune.cli.main import parse_shape as cli_shape
 from gemmtune.core.config import GemmConfig
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.build import compile_gemm
@@ -30,10 +31,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        m, n, k = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not MxNxK") from None
+    """`MxNxK` (argparse type): `gemmtune`'s shape syntax, without a batch."""
+    m, n, k, l = cli_shape(text)
+    if l is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: profile an MxNxK problem, unbatched")
     return m, n, k
 
 
