@@ -169,7 +169,7 @@ def test_bad_out_raises(out, out_dtype, exc, match):
         ({"a": op((64, 60)), "b": op((60, 64))}, "alignment", "stride 60 along dim 0"),
         ({"a": op((64, 64)), "b": op((64, 20))}, "alignment", "b's stride 20"),
         ({"a": op((64, 64)), "b": op((64, 36))}, "alignment", "b's stride 36"),
-        ({"a": op((64, 64)), "b": col((64, 20))}, "alignment", "out's stride 20"),
+        ({"a": op((64, 64), ptr=(1 << 20) + 8), "b": op((64, 64))}, "alignment", "a's data"),
         ({"a": op((2, 64, 64)), "b": op((1, 64, 64))}, "broadcast", "2 against 1"),
         ({"a": op((2, 64, 64)), "b": op((64, 64))}, "broadcast", "3-D operand against a 2-D"),
     ],
@@ -181,11 +181,23 @@ def test_fallback_reasons(kwargs, code, detail):
     assert any(detail in str(r) for r in p.fallback_reasons), p.fallback_reasons
 
 
-def test_unaligned_rows_of_fp32_output_need_n_multiple_of_4():
+def test_an_output_tma_cannot_store_is_served_unaligned():
+    """Rows of 20 bf16 values (40 bytes) or of 6 fp32 values (24): TMA cannot store them, a
+    kernel storing element by element can, so the problem is served with `out_aligned` false."""
     p = problem(op((64, 64)), op((64, 8)), out_dtype=torch.float32)
-    assert p.supported
-    p = problem(op((64, 64)), col((64, 6)), out_dtype=torch.float32)
-    assert codes(p) == ["alignment"]
+    assert p.supported and p.out_aligned
+    for b, out_dtype in ((col((64, 6)), torch.float32), (col((64, 20)), None)):
+        p = problem(op((64, 64)), b, out_dtype=out_dtype)
+        assert p.supported and not p.out_aligned
+    # a base aligned to the element but not to 16 bytes: unaligned too
+    p = problem(op((64, 64)), op((64, 64)), out=op((64, 64), ptr=(1 << 20) + 2))
+    assert p.supported and not p.out_aligned
+
+
+def test_an_output_no_kernel_can_write_falls_back():
+    # a base between elements
+    p = problem(op((64, 64)), op((64, 64)), out=op((64, 64), ptr=(1 << 20) + 1))
+    assert codes(p) == ["alignment"] and "2-byte elements" in str(p.fallback_reason)
 
 
 def test_size_one_dimensions_keep_their_strides_as_the_launcher_checks_them():
@@ -203,8 +215,9 @@ def test_a_narrow_product_of_a_sliced_matrix_falls_back():
     """tuned_gemm(a, b) with a a 39x152 view of a wider buffer and b 152x1 reached the
     launcher, which refused the output's row stride of one element."""
     p = problem(op((39, 152), stride=(160, 1)), op((152, 1)))
-    assert codes(p) == ["alignment", "alignment"]  # b's one-element rows, and out's
-    assert any("out's stride 1 " in str(r) for r in p.fallback_reasons)
+    # b's one-element rows; out's are written by direct stores
+    assert codes(p) == ["alignment"] and "b's stride 1 " in str(p.fallback_reason)
+    assert not p.out_aligned
     assert problem(op((39, 152), stride=(160, 1)), op((152, 8))).supported
 
 

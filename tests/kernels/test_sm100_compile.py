@@ -6,7 +6,13 @@ every dtype, layout and rank. Building a kernel also checks `rules.smem_plan` an
 `rules.tmem_plan` against the DSL's layouts."""
 
 import pytest
-from test_sm90_compile import INT8_SIGNATURES, SIGNATURES, _check, needs_nvdisasm
+from test_sm90_compile import (
+    INT8_SIGNATURES,
+    SIGNATURES,
+    UNALIGNED_SIGNATURES,
+    _check,
+    needs_nvdisasm,
+)
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels.signature import KernelSignature
@@ -96,3 +102,25 @@ def test_every_signature_compiles(pool):
         ),
     ]
     _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(SIGNATURES)])
+
+
+@needs_nvdisasm
+def test_unaligned_outputs_compile_with_direct_stores(pool):
+    """Outputs TMA cannot store (the Hopper lane's N-major signatures but fp8, which runs on
+    Hopper only): one CTA and a pair, data-parallel and split-K. Direct stores of this kernel
+    to an M-major output spill at some widths whatever the alignment (docs/kernels.md)."""
+    configs = [
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=128, tma_store=False),
+        GemmConfig(
+            arch="sm_100",
+            tile_m=256,
+            tile_n=64,
+            cluster_m=2,
+            two_cta=True,
+            tma_store=False,
+            decomposition="split_k",
+            splits=2,
+        ),
+    ]
+    signatures = [s for s in UNALIGNED_SIGNATURES if not s.fp8 and s.out_major == "n"]
+    _check(pool, [CompileJob(c, s) for c in configs for s in signatures])

@@ -116,6 +116,37 @@ def test_every_signature_compiles(pool):
     _check(pool, [j for j in jobs if j not in refused])
 
 
+#: outputs TMA cannot store (`out_aligned` false): every output type, both majors, both ranks
+UNALIGNED_SIGNATURES = [
+    KernelSignature("bf16", "bf16", "k", "k", "n", out_aligned=False),
+    KernelSignature("fp16", "fp32", "k", "n", "m", True, out_aligned=False),
+    KernelSignature("int8", "int32", "k", "k", "n", out_aligned=False),
+    KernelSignature("e4m3", "bf16", "k", "k", "m", False, scaling="row", out_aligned=False),
+]
+
+
+@needs_nvdisasm
+def test_unaligned_outputs_compile_with_direct_stores_in_every_decomposition(pool):
+    """A data-parallel, a split-K (which stores from the reduction) and a stream-K binary,
+    swapped or not, for each signature of an output TMA cannot store."""
+    configs = [
+        GemmConfig(tile_m=128, tile_n=176, cluster_n=2, tma_store=False),
+        GemmConfig(
+            tile_m=64,
+            tile_n=32,
+            schedule="pingpong",
+            swap_ab=True,
+            tma_store=False,
+            decomposition=Decomposition.SPLIT_K,
+            splits=2,
+        ),
+        GemmConfig(tile_m=128, tile_n=128, tma_store=False, decomposition=Decomposition.STREAM_K),
+    ]
+    jobs = [CompileJob(c, sig) for c in configs for sig in UNALIGNED_SIGNATURES]
+    assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
+    _check(pool, jobs)
+
+
 @needs_nvdisasm
 def test_eight_bit_compiles_in_every_decomposition(pool):
     """int8 and fp8 (both operands K-major, IGMMA and QGMMA): cooperative, ping-pong, swapped

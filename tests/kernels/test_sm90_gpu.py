@@ -2,6 +2,8 @@
 every output dtype and major, ragged, tiny and batched shapes, swapped operands (out^T =
 b^T @ a^T), against a float32 reference; int8 bit for bit against the exact int32 product."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -131,7 +133,14 @@ sm90_64x16_c1x2_swap_pp_st_k256_sk3  |  5x8192x14336x1 | tt | bf16 fp32 | n
 sm90_128x32_c1x1_swap_pp_tma_k256_streamk | 16x4096x8200x1 | tt | bf16 bf16 | n
 sm90_64x16_c2x1_swap_pp_tma_k256_dp  |   1x8192x1040x1 | tt | int8 int32 | n
 sm90_128x48_c1x1_pp_tma_k256_dp      |  1000x48x2056x2 | nn | bf16 bf16 | m
+sm90_128x176_c1x2_coop_st_dp         | 2050x2100x2000x1 | tt | bf16 bf16 | n
+sm90_64x48_c1x1_pp_st_dp             |    7x2101x512x1 | tt | fp16 fp16 | n
+sm90_64x32_c1x1_swap_pp_st_k256_sk2  |  16x50257x1024x1 | tt | bf16 bf16 | n
+sm90_128x128_c1x1_coop_st_streamk    | 1000x1001x2064x2 | tt | int8 int32 | n
+sm90_128x64_c2x1_pp_st_sk3           |   333x520x1000x1 | tt | fp16 fp32 | m
 """
+#: the cases above whose outputs TMA cannot store (rows or columns not 16-byte aligned)
+UNALIGNED_CASES = 5
 
 
 def parse_case(line):
@@ -187,6 +196,35 @@ def check_case(case, rules):
         launch(kernel, a, b, out, config)
         torch.cuda.synchronize()
         assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("case", CASE_LINES[-UNALIGNED_CASES:])
+def test_unaligned_outputs_are_written_by_direct_stores_only(case):
+    from gemmtune.kernels.sm90 import rules
+
+    config, (m, n, k, l), layout, ab, out_dtype, out_major = parse_case(case)
+    a, b, out = operands(m, n, k, l, layout, ab, out_dtype, out_major, seed=0)
+    problem = GemmProblem.from_tensors(a, b, out)
+    assert not problem.out_aligned
+    assert "TMA cannot store" in rules.serves(dataclasses.replace(config, tma_store=True), problem)
+
+
+def test_an_output_at_an_unaligned_address_is_written_exactly_there():
+    """An output two bytes past a 16-byte boundary (a view into a larger buffer); the elements
+    around it are left as they were."""
+    from gemmtune.kernels.launch import launch
+
+    config = GemmConfig.from_key("sm90_128x64_c1x1_coop_st_dp_rm_s1")
+    a, b, _ = operands(300, 256, 512, 1, "tt", "bf16", "bf16", "n", seed=3)
+    buffer = torch.zeros(300 * 256 + 2, device="cuda", dtype=torch.bfloat16)
+    out = buffer[1:-1].view(300, 256)
+    poison(out)
+    problem = GemmProblem.from_tensors(a, b, out)
+    assert problem.supported and not problem.out_aligned
+    launch(kernel_for(config, problem), a, b, out, config)
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and buffer[0] == 0 and buffer[-1] == 0
+    assert rel_err(out, a, b) <= tolerance_of("bf16")
 
 
 @pytest.mark.parametrize("schedule", ["cooperative", "pingpong"])

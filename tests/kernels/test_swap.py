@@ -44,6 +44,14 @@ def test_swapped_signature_is_that_of_the_transposed_tensors(a_col, b_col, out_c
     assert KernelSignature.of(direct).swapped().swapped() == KernelSignature.of(direct)
 
 
+def test_an_unaligned_output_keeps_its_signature_apart_and_swapped():
+    # 2,100 bf16 values are 4,200 bytes: the output's rows are not 16-byte aligned
+    sig = KernelSignature.of(problem(300, 2100, 704, False, True, False))
+    assert not sig.out_aligned and sig.key == "bf16_bf16_ak_bk_on_2d_unaligned"
+    assert not sig.swapped().out_aligned
+    assert KernelSignature.of(problem(300, 2104, 704, False, True, False)).out_aligned
+
+
 def test_row_major_product_swaps_to_m_major_a_k_major_b_and_a_column_major_output():
     swapped = KernelSignature().swapped()
     assert (swapped.a_major, swapped.b_major, swapped.out_major) == ("m", "k", "m")

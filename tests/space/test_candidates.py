@@ -51,6 +51,18 @@ def test_unserved_problems_have_no_candidates():
     assert candidates(problem(64, 20, 64)) == []
 
 
+@pytest.mark.parametrize("arch", [Arch.SM90, Arch.SM100])
+def test_an_output_tma_cannot_store_gets_direct_stores_only(arch):
+    # rows of 2,100 bf16 values are 4,200 bytes: a linear layer's weight (K-major b) serves,
+    # the output is written by direct stores
+    p = problem(2050, 2100, 2000, arch=arch, b_cols_major=True)
+    assert p.supported and not p.out_aligned
+    served = candidates(p, orders=False)
+    assert served and not any(c.tma_store for c in served)
+    aligned = candidates(problem(2048, 2048, 2048, arch=arch, b_cols_major=True), orders=False)
+    assert {c for c in aligned if not c.tma_store} >= set(served)
+
+
 def test_sm100_space_is_enumerable_on_the_cpu():
     configs = sm100.implemented_configs(tuple(Decomposition))
     assert len(configs) == 3 * 800  # each binary data-parallel, split-K and stream-K

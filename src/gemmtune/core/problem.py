@@ -110,12 +110,11 @@ class Operand:
         contiguous, "col": a column is) as given, or None. TMA needs a 16-byte aligned base,
         a contiguous stride of exactly 1, and every other stride a multiple of 16 bytes; the
         launcher checks the strides as they are, those of dimensions of size 1 included."""
+        if why := self.element_misalignment(name, major):
+            return why
         if self.data_ptr % ALIGNMENT_BYTES:
             return f"{name}'s data pointer is not {ALIGNMENT_BYTES}-byte aligned"
-        contiguous = len(self.stride) - (1 if major == "row" else 2)
-        if self.stride[contiguous] != 1:
-            stride = self.stride[contiguous]
-            return f"{name}'s contiguous dimension {contiguous} has stride {stride}"
+        contiguous = self._contiguous_dim(major)
         for dim, stride in enumerate(self.stride):
             if dim != contiguous and (stride * self.element_size) % ALIGNMENT_BYTES:
                 return (
@@ -123,6 +122,21 @@ class Operand:
                     f"bytes, not a multiple of {ALIGNMENT_BYTES}"
                 )
         return None
+
+    def element_misalignment(self, name: str, major: str) -> str | None:
+        """Why no kernel can address this operand laid out with its `major`, not even one that
+        stores element by element: its contiguous dimension must have stride 1 and its base be
+        aligned to its element."""
+        contiguous = self._contiguous_dim(major)
+        if self.stride[contiguous] != 1:
+            stride = self.stride[contiguous]
+            return f"{name}'s contiguous dimension {contiguous} has stride {stride}"
+        if self.data_ptr % self.element_size:
+            return f"{name}'s data pointer is not aligned to its {self.element_size}-byte elements"
+        return None
+
+    def _contiguous_dim(self, major: str) -> int:
+        return len(self.stride) - (1 if major == "row" else 2)
 
     def check(self, name: str) -> None:
         """Raise for an operand no GEMM can take."""
@@ -165,6 +179,9 @@ class GemmProblem:
     #: fp8 only: partial sums promoted into fp32 every k-tile (torch._scaled_mm without
     #: use_fast_accum), rather than accumulated on the tensor cores
     promoted: bool = False
+    #: whether the output suits TMA (16-byte aligned base and strides): an output that does not
+    #: (a row of 2,100 bf16 values is 4,200 bytes) is written by direct stores only
+    out_aligned: bool = True
 
     @property
     def supported(self) -> bool:
@@ -360,6 +377,7 @@ class GemmProblem:
             name: _major_of(rows, cols, *op.stride[-2:])
             for name, op, rows, cols in (("a", a, m, k), ("b", b, k, n), ("out", out, m, n))
         }
+        out_aligned = True
         for name, op in (("a", a), ("b", b), ("out", out)):
             if majors[name] is None:
                 reasons.append(
@@ -367,6 +385,12 @@ class GemmProblem:
                         "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
                     )
                 )
+            elif name == "out" and op.misalignment(name, majors[name]):
+                # the output need not suit TMA: kernels with direct stores write it anywhere
+                # its elements are aligned
+                out_aligned = False
+                if why := op.element_misalignment(name, majors[name]):
+                    reasons.append(FallbackReason("alignment", why))
             elif why := op.misalignment(name, majors[name]):
                 reasons.append(FallbackReason("alignment", why))
         a_major = {"row": "k", "col": "m"}.get(majors["a"])
@@ -399,6 +423,7 @@ class GemmProblem:
             fallback_reasons=tuple(reasons),
             scaling=scaling or "",
             promoted=promoted,
+            out_aligned=out_aligned,
         )
 
 

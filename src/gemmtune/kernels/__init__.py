@@ -44,4 +44,6 @@ def serve_reason(
         return f"the problem is on {problem.arch.value}, the config is for {config.arch}"
     if not dtypes.inputs_pair(dtypes.name_of(problem.a_dtype), dtypes.name_of(problem.b_dtype)):
         return f"A and B must share one of {', '.join(dtypes.KERNEL_INPUTS)}, or be two fp8 types"
+    if config.tma_store and not problem.out_aligned:
+        return "the output's base or strides are not 16-byte aligned: TMA cannot store it"
     return None

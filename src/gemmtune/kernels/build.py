@@ -4,7 +4,9 @@ Kernels are compiled for TVM-FFI against *fake* tensors whose sizes and strides 
 so one binary serves every M, N, K and L; the compiled function takes torch tensors and plain
 Python numbers and launches on torch's current stream. Strides other than the unit one are
 declared divisible by 8 elements (16 bytes) and the base pointers 16-byte aligned: TMA's rules,
-which `GemmProblem` checks before a problem reaches a kernel (and TVM-FFI checks again).
+which `GemmProblem` checks before a problem reaches a kernel (and TVM-FFI checks again). An
+output that breaks them (`KernelSignature.out_aligned` false) is declared aligned to its element
+only, and only kernels with direct stores are built for it.
 
 Like every module that touches the DSL, this one imports `cutlass` lazily or at the top of a
 module that only the kernel side imports, after `CUTE_DSL_ARCH` is settled.
@@ -145,8 +147,11 @@ def load_gemm(path: Path, config: GemmConfig, signature: KernelSignature) -> Com
     return CompiledGemm(config, signature, function, time.perf_counter() - start)
 
 
-def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, align: int):
-    """A fake torch-ordered tensor (l?, rows, cols) whose contiguous dimension is rows or cols."""
+def _fake_operand(
+    dtype, rows, cols, batch, major_is_rows: bool, batched: bool, align: int, base_align: int = 16
+):
+    """A fake torch-ordered tensor (l?, rows, cols) whose contiguous dimension is rows or cols,
+    its other strides divisible by `align` elements and its base by `base_align` bytes."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
@@ -158,7 +163,7 @@ def _fake_operand(dtype, rows, cols, batch, major_is_rows: bool, batched: bool, 
     if batched:
         shape = (batch, *shape)
         stride = (cute.sym_int64(divisibility=align), *stride)
-    return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+    return make_fake_tensor(dtype, shape, stride, assumed_align=base_align)
 
 
 def fake_arguments(signature: KernelSignature) -> tuple:
@@ -174,11 +179,16 @@ def fake_arguments(signature: KernelSignature) -> tuple:
     l = cute.sym_int64(symbol="l")
     ab_align = dtypes.ALIGNMENT_BYTES // dtypes.itemsize(signature.ab_dtype)
     out_align = dtypes.ALIGNMENT_BYTES // signature.out_bytes
+    out_base_align = dtypes.ALIGNMENT_BYTES
+    if not signature.out_aligned:
+        out_align, out_base_align = 1, signature.out_bytes
     a_type, b_type = types[signature.ab_dtype], types[signature.b_input]
     a = _fake_operand(a_type, m, k, l, signature.a_major == "m", signature.batched, ab_align)
     b = _fake_operand(b_type, k, n, l, signature.b_major == "k", signature.batched, ab_align)
     out_dtype = types[signature.out_dtype]
-    c = _fake_operand(out_dtype, m, n, l, signature.out_major == "m", signature.batched, out_align)
+    c = _fake_operand(
+        out_dtype, m, n, l, signature.out_major == "m", signature.batched, out_align, out_base_align
+    )
     workspace = make_fake_compact_tensor(
         cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
     )

@@ -42,6 +42,9 @@ class KernelSignature:
     #: torch._scaled_mm does without use_fast_accum) rather than accumulate on the tensor
     #: cores, which keep fewer bits
     promoted: bool = False
+    #: the output suits TMA (16-byte aligned base and strides); a binary for an output that does
+    #: not assumes only element alignment and stores directly
+    out_aligned: bool = True
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
@@ -104,6 +107,7 @@ class KernelSignature:
             b_dtype="" if b_dtype == a_dtype else b_dtype,
             scaling=problem.scaling,
             promoted=problem.promoted,
+            out_aligned=problem.out_aligned,
         )
 
     def swapped(self) -> KernelSignature:
@@ -137,10 +141,12 @@ class KernelSignature:
     @property
     def key(self) -> str:
         """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out), with
-        fp8's types, scaling and promotion: `e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted`."""
+        fp8's types, scaling and promotion: `e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted`, and
+        `_unaligned` for an output TMA cannot store to."""
         rank = "3d" if self.batched else "2d"
         majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
         inputs = f"{self.ab_dtype}x{self.b_dtype}" if self.b_dtype else self.ab_dtype
         scaling = f"_{self.scaling}" if self.scaling else ""
         promoted = "_promoted" if self.promoted else ""
-        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}"
+        unaligned = "" if self.out_aligned else "_unaligned"
+        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}{unaligned}"
