@@ -101,7 +101,8 @@ def _operand(
         pad = -width % (16 // itemsize)  # rows padded to 16 bytes: widths our kernels take
     if rng.random() < 0.25:
         pad += rng.choice((8, 16, 24, 8, 16, 3))  # sliced out of a wider buffer
-    # 16 and 128 bytes in (aligned), or one element (misaligned: torch serves it)
+    # 16 and 128 bytes in (aligned), or one element (misaligned: torch serves such an a or b,
+    # kernels storing directly such an out)
     offset = rng.choice((16 // itemsize, 128 // itemsize, 1)) if rng.random() < 0.2 else 0
     return Operand(rows, cols, row_major, pad, offset)
 

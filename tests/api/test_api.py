@@ -260,6 +260,34 @@ def test_a_cached_plan_meets_a_misaligned_pointer_and_falls_back(dispatcher):
     assert len(launches) == 1
 
 
+def test_a_plan_storing_directly_takes_an_output_aligned_to_its_element_only(dispatcher):
+    """A plan whose kernel stores directly to an output TMA cannot store (`out_alignment` of
+    one element) launches for an `out` two bytes past a 16-byte boundary; a TMA-store plan
+    hands the same call to torch.matmul."""
+    from gemmtune.api.dispatch import Plan, plan_key
+
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 48, dtype=torch.bfloat16)
+    out = torch.empty(64 * 48 + 8, dtype=torch.bfloat16)[1 : 1 + 64 * 48].view(64, 48)
+    key = plan_key(a, b, out, None, None, dispatcher.signature)
+    for alignment, launched in ((2, 1), (16, 0)):
+        launches = []
+        dispatcher.plans[key] = Plan(
+            lambda *args, launches=launches: launches.append(args),
+            (),
+            TUNED,
+            (64, 48),
+            (48, 1),
+            torch.bfloat16,
+            a.device,
+            out_alignment=alignment,
+        )
+        out.fill_(float("nan"))
+        assert dispatcher(a, b, out=out) is out
+        assert len(launches) == launched
+        if not launched:
+            torch.testing.assert_close(out, a @ b)
+
+
 def test_a_call_that_wants_a_gradient_is_recorded_by_autograd(dispatcher):
     """Our kernels record no gradient: where one would serve a call whose operands require
     grad (grad mode on), the call goes through `gemmtune::mm`, whose backward gives a's and

@@ -66,6 +66,9 @@ class Plan:
     workspace_stream: int | None = None  # the stream whose workspace `args` holds, if any
     reason: FallbackReason | str | None = None  # why torch serves
     torch_op: Callable = torch.matmul  # what serves a call without out/out_dtype where torch does
+    #: what the kernel assumes of `out`'s address: 16 bytes, or one element where the plan's
+    #: kernel stores directly to an output TMA cannot (`GemmProblem.out_aligned`)
+    out_alignment: int = ALIGNMENT_BYTES
 
 
 def python_signature(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple:
@@ -193,7 +196,7 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
             out = empty_strided(
                 plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
             )
-        elif out.data_ptr() % ALIGNMENT_BYTES:
+        elif out.data_ptr() % plan.out_alignment:
             return fallback_matmul(a, b, out, out_dtype)
         args = plan.args if plan.workspace_stream is None else stream_args(plan, a, b)
         launcher(a, b, out, *args)
@@ -320,6 +323,7 @@ class Dispatcher:
             p.out_dtype,
             p.device,
             stream,
+            out_alignment=ALIGNMENT_BYTES if p.out_aligned else p.out_dtype.itemsize,
         )
 
     def _kernels(self, problem: GemmProblem):
