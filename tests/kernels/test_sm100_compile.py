@@ -22,6 +22,19 @@ from gemmtune.workers.compiler import CompileJob, CompilePool
 pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]
 
 
+#: a 2-CTA pair, split-K, storing directly: the reduction writes the output itself
+PAIR_SPLIT_K_DIRECT = GemmConfig(
+    arch="sm_100",
+    tile_m=256,
+    tile_n=64,
+    cluster_m=2,
+    two_cta=True,
+    tma_store=False,
+    decomposition="split_k",
+    splits=3,
+)
+
+
 @pytest.fixture(scope="module")
 def pool():
     pool = CompilePool("sm_100a", max_workers=2)
@@ -90,16 +103,7 @@ def test_every_signature_compiles(pool):
         ),
         GemmConfig(arch="sm_100", tile_m=128, tile_n=32, cluster_m=4),
         GemmConfig(arch="sm_100", tile_m=128, tile_n=128, decomposition="stream_k"),
-        GemmConfig(
-            arch="sm_100",
-            tile_m=256,
-            tile_n=64,
-            cluster_m=2,
-            two_cta=True,
-            tma_store=False,
-            decomposition="split_k",
-            splits=3,
-        ),
+        PAIR_SPLIT_K_DIRECT,
     ]
     _check(pool, [CompileJob(configs[i % len(configs)], s) for i, s in enumerate(SIGNATURES)])
 
@@ -111,16 +115,7 @@ def test_unaligned_outputs_compile_with_direct_stores(pool):
     to an M-major output spill at some widths whatever the alignment (docs/kernels.md)."""
     configs = [
         GemmConfig(arch="sm_100", tile_m=128, tile_n=128, tma_store=False),
-        GemmConfig(
-            arch="sm_100",
-            tile_m=256,
-            tile_n=64,
-            cluster_m=2,
-            two_cta=True,
-            tma_store=False,
-            decomposition="split_k",
-            splits=2,
-        ),
+        PAIR_SPLIT_K_DIRECT,
     ]
     signatures = [s for s in UNALIGNED_SIGNATURES if not s.fp8 and s.out_major == "n"]
     _check(pool, [CompileJob(c, s) for c in configs for s in signatures])

@@ -385,14 +385,13 @@ class GemmProblem:
                         "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
                     )
                 )
-            elif name == "out" and op.misalignment(name, majors[name]):
+            elif why := op.misalignment(name, majors[name]):
                 # the output need not suit TMA: kernels with direct stores write it anywhere
                 # its elements are aligned
-                out_aligned = False
-                if why := op.element_misalignment(name, majors[name]):
+                if name == "out" and op.element_misalignment(name, majors[name]) is None:
+                    out_aligned = False
+                else:
                     reasons.append(FallbackReason("alignment", why))
-            elif why := op.misalignment(name, majors[name]):
-                reasons.append(FallbackReason("alignment", why))
         a_major = {"row": "k", "col": "m"}.get(majors["a"])
         b_major = {"row": "n", "col": "k"}.get(majors["b"])
         out_major = {"row": "n", "col": "m"}.get(majors["out"])
