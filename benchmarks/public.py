@@ -12,8 +12,10 @@ ours_ms, above 1: gemmtune is faster.
     python -m benchmarks public --out-dir DIR [--dtype bf16 fp16 int8] [--layout kn|nk]
         [--shapes FILE]
 
-int8 and fp8 (e4m3, e5m2) are served by our kernels with `--layout nk` (`x @ w.t()`: 8-bit
-MMAs read both operands K-major). int8's contender is torch._int_mm and its inputs are uniform
+8-bit MMAs read both operands K-major: int8 and fp8 (e4m3, e5m2) with `--layout nk`
+(`x @ w.t()`) run on our kernels as they are, int8 with `--layout kn` on a K-major copy of b
+made on every call (fp8 takes nk only: torch._scaled_mm refuses a row-major b). int8's
+contender is torch._int_mm on the operands as given, and its inputs are uniform
 over the 256 values; fp8's is torch._scaled_mm with fast accumulation and a bf16 output, scaled
 per tensor or per row and column (`--scaling`), against gemmtune.scaled_mm.
 """

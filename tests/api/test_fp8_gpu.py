@@ -119,10 +119,13 @@ def test_tuned_gemm_multiplies_fp8_with_unit_scales(monkeypatch):
 
     monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
     a, w = fp8(300, 512), fp8(200, 512, dtype=E5M2)
-    for x, y in ((a, w.t()), (a, w.t().contiguous())):  # ours, then a layout torch serves
+    # the layout 8-bit MMAs read, then b row-major and a column-major: copied K-major first
+    for x, y in ((a, w.t()), (a, w.t().contiguous()), (a.t().contiguous().t(), w.t())):
         got = gemmtune.tuned_gemm(x, y, out_dtype=torch.float32)
         err = relative_error(got, torch.matmul(x.float(), y.float()))
         assert got.dtype == torch.float32 and err <= tolerance(torch.float32, E4M3), err
+        if arch_of(0) is Arch.SM90:
+            assert gemmtune.plan(x, y, out_dtype=torch.float32).config is not None
     assert gemmtune.tuned_gemm(a, w.t()).dtype == torch.bfloat16
 
 

@@ -74,8 +74,10 @@ def test_mismatches_counts_a_single_wrong_element_and_nan():
     assert mismatches(wrong, reference, k) == 2
 
 
-def test_most_eight_bit_cases_have_the_layout_their_mmas_read():
+def test_eight_bit_cases_cover_every_layout_and_mostly_the_one_their_mmas_read():
     cases = [draw(seed) for seed in range(1000)]
     eight_bit = [c for c in cases if c.dtype.itemsize == 1]
+    layouts = {(c.a.row_major, c.b.row_major) for c in eight_bit}
     k_major = [c for c in eight_bit if c.a.row_major and not c.b.row_major]
-    assert len(k_major) >= 0.7 * len(eight_bit)
+    # the other three layouts run on K-major copies: each is drawn
+    assert len(layouts) == 4 and len(k_major) >= 0.55 * len(eight_bit)

@@ -42,8 +42,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 MIN_CASES = 1000
 #: At least 1/n of each input type's cases must reach our kernels (the rest exercise the
-#: fallback): 16-bit types are served in every layout, 8-bit ones only with `a` row-major and
-#: `b` column-major (most of their cases) and rows of a multiple of 16 bytes.
+#: fallback): 16-bit types are served in every layout, 8-bit ones too (on K-major copies of
+#: operands in the layout 8-bit MMAs cannot read), all where rows read as given are a multiple
+#: of 16 bytes.
 SERVED_SHARE = {
     torch.bfloat16: 5,
     torch.float16: 5,

@@ -62,16 +62,43 @@ def test_tuned_gemm_multiplies_any_int8_layout_exactly(monkeypatch):
     a, w = randint8(300, 512), randint8(200, 512)
     cases = [
         (a, w.t()),  # our kernel's layout
-        (a, w.t().contiguous()),  # b row-major: 8-bit MMAs cannot read it, torch serves
+        # 8-bit MMAs read K-major: the other layouts run on K-major copies, ragged ones too
+        (a, w.t().contiguous()),  # b row-major: x @ w
         (a.t().contiguous().t(), w.t()),  # a column-major
+        (a.t().contiguous().t(), w.t().contiguous()),  # both
+        (randint8(77, 300), randint8(300, 5)),  # rows of 300 and 5 bytes, copied padded
         (randint8(1, 512), w.t()),  # one row: torch._int_mm refuses it, ours takes it
         (randint8(3, 64, 512), randint8(3, 96, 512).transpose(1, 2)),  # batched
+        (randint8(3, 64, 520), randint8(3, 520, 96)),  # batched, b row-major
     ]
     for x, y in cases:
         got = gemmtune.tuned_gemm(x, y)
         assert got.dtype == torch.int32 and torch.equal(got, exact(x, y))
         out = torch.full(got.shape, -7, device="cuda", dtype=torch.int32)
         assert torch.equal(gemmtune.tuned_gemm(x, y, out=out), got)
+        if arch_of(0) is Arch.SM90:
+            assert gemmtune.plan(x, y).config is not None, (x.shape, x.stride(), y.stride())
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and arch_of(0) is not Arch.SM90, reason="tunes the Hopper kernel"
+)
+def test_a_row_major_int8_weight_tunes_to_our_kernel_on_a_copy(tmp_path):
+    from gemmtune.api.choice import ConfigChooser
+    from gemmtune.api.dispatch import Dispatcher
+    from gemmtune.cache.kernels import KernelCache
+    from gemmtune.cache.results import ResultsCache
+    from gemmtune.core.config import CUBLAS
+
+    d = Dispatcher(ConfigChooser(results=ResultsCache(tmp_path / "results.sqlite")))
+    d.kernel_caches["sm_90a"] = KernelCache("sm_90a", tmp_path / "kernels")
+    x, w = randint8(2048, 4096), randint8(4096, 4096)  # w row-major (k, n): x @ w
+    assert torch.equal(d(x, w), torch._int_mm(x, w))
+    # every candidate was timed with the copy of w, beside torch._int_mm on w as given
+    ((key, record),) = d.chooser.results_cache().items()
+    assert key.split("|")[1].endswith("_copy_b") and "torch.matmul" in record.how
+    assert record.config != CUBLAS, record
+    assert d.plan(x, w).config is not None
 
 
 @pytest.mark.skipif(

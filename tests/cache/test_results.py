@@ -70,6 +70,16 @@ def test_bucket_keys_share_a_bucket_and_separate_what_matters():
     assert key not in others and len(others) == 7
 
 
+def test_an_8bit_bucket_whose_operand_is_copied_is_not_the_k_major_ones():
+    pow2 = BucketPolicy()
+    k_major = bucket_key(problem(1000, 1000, 1000, dtype=torch.int8, b_major_k=True), H200, pow2)
+    copied = bucket_key(problem(1000, 1000, 1000, dtype=torch.int8), H200, pow2)
+    # the same binaries serve both, but the copy is in one bucket's times and torch's
+    # contender differs: the records must not mix
+    assert copied == k_major.replace("_on_2d|", "_on_2d_copy_b|")
+    assert copied != k_major
+
+
 def test_store_lookup_and_the_memory_in_front(tmp_path):
     cache = ResultsCache(tmp_path / "r.sqlite")
     assert cache.lookup("k") is None

@@ -5,6 +5,7 @@ import torch
 
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand, fallback_matmul
+from gemmtune.kernels.signature import KernelSignature
 
 CUDA = torch.device("cuda", 0)
 BF16 = torch.bfloat16
@@ -78,13 +79,40 @@ def test_int8_row_major_a_times_column_major_b_is_an_exact_int32_product():
     i8 = torch.int8
     p = problem(op((64, 128), dtype=i8), col((128, 32), dtype=i8))
     assert p.supported and p.out_dtype == torch.int32 and p.layout == "tt"
-    # 8-bit MMAs read both operands K-major: a row-major b falls back (exactly, in int32)
-    p = problem(op((64, 128), dtype=i8), op((128, 32), dtype=i8))
-    assert codes(p) == ["layout"] and p.out_dtype == torch.int32
+    assert p.copied == ()
     with pytest.raises(TypeError, match="int32 for int8 inputs"):
         problem(op((64, 128), dtype=i8), col((128, 32), dtype=i8), out_dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="bfloat16, float16 or float32"):
         problem(op((64, 128)), op((128, 32)), out_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize(
+    ("a_col", "b_col", "layout", "copied"),
+    [(False, False, "tn", ("b",)), (True, True, "nt", ("a",)), (True, False, "nn", ("a", "b"))],
+)
+def test_8bit_operands_in_the_other_major_are_copied(dtype, a_col, b_col, layout, copied):
+    a = (col if a_col else op)((64, 128), dtype=dtype)
+    b = (col if b_col else op)((128, 32), dtype=dtype)
+    p = problem(a, b)
+    # the kernel reads both K-major; the layout is the call's, for the bucket and reports
+    assert p.supported and p.copied == copied and p.layout == layout
+    assert (p.a_major, p.b_major) == ("k", "k")
+    sig = KernelSignature.of(p)
+    assert (sig.a_major, sig.b_major) == ("k", "k")
+
+
+def test_a_copied_operand_needs_no_alignment_of_its_own():
+    i8 = torch.int8
+    # rows of 100 bytes: TMA could not load b as it is, but its K-major copy has padded rows
+    b = op((100, 100), dtype=i8)
+    p = problem(op((64, 100), stride=(112, 1), dtype=i8), b)
+    assert p.supported and p.copied == ("b",)
+    # the operand read as it is must still suit TMA
+    p = problem(op((64, 100), dtype=i8), b)
+    assert codes(p) == ["alignment"] and "a's stride" in p.fallback_reason.detail
+    # 16-bit inputs are read in either major: nothing is copied
+    assert problem(op((64, 128)), op((128, 32))).copied == ()
 
 
 def test_tiny_m1_vector_is_supported():

@@ -306,7 +306,12 @@ class Dispatcher:
                     "only buckets a tune (mode tune) verified, and this one has no such record"
                 )
             return Plan(None, (), None, reason=reason)
+        from gemmtune.kernels.transpose import copying_launcher
+
         kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
+        launcher = kernel.launcher
+        if problem.copied:
+            launcher = copying_launcher(launcher, problem.copied)
         p = problem
         args = launch_args(
             config, p.device, p.m, p.n, p.k, p.l, ab_bytes=p.a_dtype.itemsize
@@ -315,7 +320,7 @@ class Dispatcher:
         if config.decomposition is not Decomposition.DATA_PARALLEL:
             stream = torch.cuda.current_stream(p.device).stream_id
         return Plan(
-            kernel.launcher,
+            launcher,
             (*scales, *args),
             config,
             p.out_shape,

@@ -83,10 +83,14 @@ def current_environment(device_index: int) -> Environment:
 
 def bucket_key(problem: GemmProblem, env: Environment, policy: BucketPolicy) -> str:
     """The results cache's key for `problem`: e.g.
-    `m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200|132sm|gemmtune 0.1.0|dsl 4.8.1`."""
+    `m4096_n4096_k4096_2d|bf16_bf16_ak_bn_on_2d|NVIDIA H200|132sm|gemmtune 0.1.0|dsl 4.8.1`.
+    Operands copied K-major before the kernel (`GemmProblem.copied`) are named after the
+    signature (`..._copy_b`): such a bucket's times include the copy, and torch's contender
+    multiplies the operands as given."""
     rank = "3d" if problem.batched else "2d"
     sizes = f"m{policy.round(problem.m)}_n{policy.round(problem.n)}_k{policy.round(problem.k)}"
-    return f"{sizes}_{rank}|{KernelSignature.of(problem).key}|{env.key}"
+    copies = "".join(f"_copy_{name}" for name in problem.copied)
+    return f"{sizes}_{rank}|{KernelSignature.of(problem).key}{copies}|{env.key}"
 
 
 def parse_key(key: str) -> dict:

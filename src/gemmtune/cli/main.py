@@ -218,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(bench.B_LAYOUTS),
         default="kn",
         help="b row-major (K, N), as in x @ w (kn, the default), or the transpose of a "
-        "row-major (N, K) weight, as in x @ w.t() (nk; the layout int8 and fp8 need)",
+        "row-major (N, K) weight, as in x @ w.t() (nk; the layout fp8 needs, and the one "
+        "8-bit MMAs read: int8 with kn runs on a K-major copy of b)",
     )
     p.add_argument(
         "--scaling",

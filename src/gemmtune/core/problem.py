@@ -182,6 +182,10 @@ class GemmProblem:
     #: whether the output suits TMA (16-byte aligned base and strides): an output that does not
     #: (a row of 2,100 bf16 values is 4,200 bytes) is written by direct stores only
     out_aligned: bool = True
+    #: the operands ("a", "b") our kernels multiply as K-major copies made on every call: 8-bit
+    #: inputs in a layout 8-bit MMAs cannot read (`kernels.transpose`); `a_major` and `b_major`
+    #: are the copies' ("k")
+    copied: tuple[str, ...] = ()
 
     @property
     def supported(self) -> bool:
@@ -195,9 +199,10 @@ class GemmProblem:
 
     @property
     def layout(self) -> str:
-        """BLAS-style layout name, A then B, "t" meaning K-major: row-major a @ b is "tn"."""
-        a = "t" if self.a_major == "k" else "n"
-        b = "t" if self.b_major == "k" else "n"
+        """BLAS-style layout name of the operands as given, A then B, "t" meaning K-major:
+        row-major a @ b is "tn"."""
+        a = "t" if self.a_major == "k" and "a" not in self.copied else "n"
+        b = "t" if self.b_major == "k" and "b" not in self.copied else "n"
         return a + b
 
     @property
@@ -377,6 +382,11 @@ class GemmProblem:
             name: _major_of(rows, cols, *op.stride[-2:])
             for name, op, rows, cols in (("a", a, m, k), ("b", b, k, n), ("out", out, m, n))
         }
+        # 8-bit MMAs read A and B K-major: an operand in the other layout is copied K-major
+        # (`kernels.transpose`), so its own strides and address do not matter
+        eight_bit = a.dtype in EIGHT_BIT_DTYPES
+        other_major = {"a": "col", "b": "row"}
+        copied = tuple(n for n in ("a", "b") if eight_bit and majors[n] == other_major[n])
         out_aligned = True
         for name, op in (("a", a), ("b", b), ("out", out)):
             if majors[name] is None:
@@ -385,6 +395,8 @@ class GemmProblem:
                         "layout", f"{name} has strides {op.stride}: neither dimension is contiguous"
                     )
                 )
+            elif name in copied:
+                continue
             elif why := op.misalignment(name, majors[name]):
                 # the output need not suit TMA: kernels with direct stores write it anywhere
                 # its elements are aligned
@@ -392,18 +404,9 @@ class GemmProblem:
                     out_aligned = False
                 else:
                     reasons.append(FallbackReason("alignment", why))
-        a_major = {"row": "k", "col": "m"}.get(majors["a"])
-        b_major = {"row": "n", "col": "k"}.get(majors["b"])
+        a_major = "k" if "a" in copied else {"row": "k", "col": "m"}.get(majors["a"])
+        b_major = "k" if "b" in copied else {"row": "n", "col": "k"}.get(majors["b"])
         out_major = {"row": "n", "col": "m"}.get(majors["out"])
-        eight_bit = a.dtype in EIGHT_BIT_DTYPES
-        if eight_bit and (a_major, b_major) != ("k", "k") and None not in (a_major, b_major):
-            reasons.append(
-                FallbackReason(
-                    "layout",
-                    "8-bit MMAs read A and B K-major: a must be row-major and b column-major "
-                    f"(a.t() of a row-major matrix), not a {a_major}-major, b {b_major}-major",
-                )
-            )
 
         return cls(
             m=m,
@@ -423,6 +426,7 @@ class GemmProblem:
             scaling=scaling or "",
             promoted=promoted,
             out_aligned=out_aligned,
+            copied=copied,
         )
 
 

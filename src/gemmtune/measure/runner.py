@@ -18,6 +18,7 @@ import torch
 from gemmtune.core.config import CUBLAS, GemmConfig
 from gemmtune.core.problem import integer_matmul, scaled_matmul, scaled_reference
 from gemmtune.kernels.signature import KernelSignature
+from gemmtune.kernels.transpose import copying_launcher
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
 from gemmtune.measure.verify import check, poison
 
@@ -33,6 +34,9 @@ class ProblemSpec:
     signature: KernelSignature
     device_index: int = 0
     seed: int = 0
+    #: operands built in the layout the signature's kernel cannot read, and copied K-major
+    #: before every run of a kernel (`GemmProblem.copied`): the copy is timed with it
+    copied: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class Measurement:
 
 
 def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random a, b and an output with the majors and dtypes of `spec.signature`."""
+    """Random a, b and an output with the majors and dtypes of `spec.signature` (the operands
+    in `spec.copied` in the other major, as the caller gives them)."""
     sig = spec.signature
     gen = torch.Generator(device=f"cuda:{spec.device_index}").manual_seed(spec.seed)
     lead = (spec.l,) if sig.batched else ()
@@ -88,8 +93,8 @@ def make_operands(spec: ProblemSpec) -> tuple[torch.Tensor, torch.Tensor, torch.
         t = random_tensor(shape, dtype, device, gen)
         return t.transpose(-1, -2) if column_major else t
 
-    a = rand(spec.m, spec.k, sig.a_major == "m", sig.ab_torch_dtype)
-    b = rand(spec.k, spec.n, sig.b_major == "k", sig.b_torch_dtype)
+    a = rand(spec.m, spec.k, sig.a_major == "m" or "a" in spec.copied, sig.ab_torch_dtype)
+    b = rand(spec.k, spec.n, sig.b_major == "k" and "b" not in spec.copied, sig.b_torch_dtype)
     out_shape = (*lead, spec.n, spec.m) if sig.out_major == "m" else (*lead, spec.m, spec.n)
     out = torch.empty(out_shape, device=device, dtype=sig.out_torch_dtype)
     return a, b, out.transpose(-1, -2) if sig.out_major == "m" else out
@@ -185,6 +190,9 @@ class GemmRunner:
         args = launch_args(
             config, self.a.device, s.m, s.n, s.k, s.l, ab_bytes=s.signature.ab_bytes
         )  # fmt: skip
+
+        if s.copied:
+            kernel = copying_launcher(kernel, s.copied)
 
         def run() -> None:
             kernel(self.a, self.b, self.out, *self.kernel_scales, *args)

@@ -221,6 +221,7 @@ def tune(
             problem.l,
             KernelSignature.of(problem),
             problem.device.index or 0,
+            copied=problem.copied,
         )
         setup = _Setup(worker, runner, spec)  # runs while the first kernels compile
         tuning = _Tuning(problem, worker, setup, model, progress, start)
