@@ -29,4 +29,3 @@ def test_the_copy_holds_the_same_values_k_major(dtype, shape, name):
     copy = k_major_copy(t, name)
     assert copy.stride(-1 if name == "a" else -2) == 1
     assert torch.equal(copy.view(torch.uint8), t.view(torch.uint8))
-
