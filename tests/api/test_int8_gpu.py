@@ -69,7 +69,7 @@ def test_tuned_gemm_multiplies_any_int8_layout_exactly(monkeypatch):
         (randint8(300, 77).t(), randint8(300, 5)),  # rows of 300 and 5 bytes, copied padded
         (randint8(1, 512), w.t()),  # one row: torch._int_mm refuses it, ours takes it
         (randint8(3, 64, 512), randint8(3, 96, 512).transpose(1, 2)),  # batched
-        (randint8(3, 64, 520), randint8(3, 520, 96)),  # batched, b row-major
+        (randint8(3, 64, 528), randint8(3, 528, 96)),  # batched, b row-major
     ]
     for x, y in cases:
         got = gemmtune.tuned_gemm(x, y)
