@@ -185,13 +185,25 @@ def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
 SMALL_TILE_VALUES = 32
 
 
-def share_step(values: int) -> tuple[int, int]:
+#: Registers a consumer thread keeps free beside `share_step`'s loads in flight (addresses,
+#: sums, predicates): with less, the compile test of every split-K tile found spills.
+SHARE_STEP_MARGIN = 32
+
+
+def share_step(values: int, spare_registers: int = 0) -> tuple[int, int]:
     """(blocks, partials) a thread of `reduce_share` loads at a time, before adding them in
     segment order. A small tile's thread sums one block, from eight partials at a time: a share
     of one block over 16 splits waits for two round trips to L2, not 16. A larger tile's takes
-    two blocks from two partials: four loads in 24 registers, since more spill beside a promoted
-    fp8 128x128 tile's two register tiles."""
-    return (1, 8) if values <= SMALL_TILE_VALUES else (2, 2)
+    two blocks from as many partials (eight or four) as its `spare_registers` (the consumer's
+    registers beyond its accumulators and overhead: the accumulators stay live across items)
+    hold with `SHARE_STEP_MARGIN` to spare, and from two at the least: four loads in 24
+    registers, which a promoted fp8 128x128 tile's two register tiles leave room for."""
+    if values <= SMALL_TILE_VALUES:
+        return (1, 8)
+    for partials in (8, 4):
+        if 2 * 4 * partials + SHARE_STEP_MARGIN <= spare_registers:
+            return (2, partials)
+    return (2, 2)
 
 
 @cute.jit
@@ -202,6 +214,7 @@ def reduce_share(
     tCcC: cute.Tensor,
     extent_mn: tuple,
     out_dtype: cutlass.Constexpr,
+    spare_registers: cutlass.Constexpr = 0,
 ):
     """Wait until all `segments` partials of the tile are published, then write this segment's
     share of the tile, summed over the partials in segment order. The tile's blocks of four
@@ -211,13 +224,13 @@ def reduce_share(
     its own positions in its segment's range (`schedule_model.share_blocks`), so its loads are
     coalesced with its neighbours' and `tCgC` / `tCcC` (its partition of the output tile and of
     the tile's coordinates, indexed by position) say where each value goes. The last segment
-    to leave resets the counter."""
+    to leave resets the counter. `spare_registers`: see `share_step`."""
     blocks = values // 4
     _await_arrivals(tile, tile.segments)
     load = _partial_load_atom(tile.dtype)
     partials = _partials(tile, values)
     begin, end = share_blocks(tile.segment, tile.segments, blocks, tile.threads, tile.thread)
-    step_blocks, step_partials = share_step(values)
+    step_blocks, step_partials = share_step(values, spare_registers)
     sums = cute.make_rmem_tensor((4, step_blocks), tile.dtype)
     loaded = cute.make_rmem_tensor((4, step_blocks, step_partials), tile.dtype)
     out = cute.make_rmem_tensor((4,), out_dtype)

@@ -555,6 +555,7 @@ class BlackwellGemm:
                             epi.positions(epi.tTR_cC, tile_coord),
                             extent_mn,
                             self.c_dtype,
+                            0,  # the wider steps are measured on Hopper's kernel only
                         )
                 else:
                     gather = segments > 1

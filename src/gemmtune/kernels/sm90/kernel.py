@@ -82,6 +82,11 @@ class HopperGemm:
         wg = rules.THREADS_PER_WARPGROUP
         self.consumers = rules.consumer_warpgroups(config)
         self.producer_registers, self.consumer_registers = rules.register_split(config)
+        # what the split-K reduction may load at once (`reduction.share_step`): a promoted
+        # fp8 tile's second register tile takes the room
+        spare = self.consumer_registers - rules.accumulator_registers(config)
+        spare -= rules.CONSUMER_OVERHEAD_REGISTERS
+        self.share_registers = 0 if signature.promoted else spare
         self.threads = (1 + self.consumers) * wg
         # threads that compute one tile, and warps that free each A/B stage
         self.tile_threads = self.consumers * wg if self.cooperative else wg
@@ -607,6 +612,7 @@ class HopperGemm:
                                 thr_mma.partition_C(coords[tile]),
                                 (mC.shape[0], mC.shape[1]),
                                 self.out_dtype,
+                                self.share_registers,
                             )
                         else:
                             final = segment == owner
