@@ -3,7 +3,7 @@
 8-bit WGMMA reads A and B K-major from shared memory. An int8 or fp8 product whose `a` is
 column-major or whose `b` is row-major (`x @ w` of a row-major weight) is multiplied by our
 kernels on a K-major copy of that operand, made on every call (`GemmProblem.copied` names
-them). cuBLASLt multiplies int8 in those layouts at a sixth to an eighth of its K-major speed
+them). cuBLASLt multiplies int8 in those layouts at a fifth to an eighth of its K-major speed
 (`docs/kernels.md`), so the copy plus our kernel beats it even where the copy moves a decode
 batch's whole weight; the tuner times the copy with each candidate, and torch's own function
 on the operands as given, so a bucket where that is not so still goes to torch.
