@@ -2,6 +2,7 @@
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
 # Steps: doctor tests public dispatch cost serving pretune kernel peers cache timings read-ceiling
+# int8-layouts
 # suite
 # (default: doctor tests public dispatch). A suite step runs `python3 -m benchmarks SUITE`
 # (cost: the tuning-cost suite, with $COST_ARGS; serving with $SERVING_ARGS); suite:
@@ -20,8 +21,8 @@ python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 ||
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving pretune kernel peers cache timings read-ceiling suite)" >&2; exit 2 ;;
+    doctor | tests | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | int8-layouts | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving pretune kernel peers cache timings read-ceiling int8-layouts suite)" >&2; exit 2 ;;
   esac
 done
 
