@@ -1,5 +1,6 @@
 """The tuner's selection logic on the CPU: a fake compiler, the fake benchmark runner."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,7 +25,14 @@ from gemmtune.workers.compiler import CompileOutcome
 sys.path.insert(0, str(Path(__file__).parents[1] / "measure"))
 from fake_runner import CRASH, FAULT, HANG, WRONG, fake_ms
 
-from gemmtune.space.ranking import FIRST_RASTER, FIRST_SWIZZLE, DeviceModel, RankingModel
+from gemmtune.space import candidates
+from gemmtune.space.ranking import (
+    FIRST_RASTER,
+    FIRST_SWIZZLE,
+    DeviceModel,
+    RankingModel,
+    in_first_order,
+)
 
 RUNNER = "fake_runner:FakeRunner"
 RELIABLE = "fake_runner:ReliableRunner"
@@ -75,13 +83,16 @@ def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
     p = problem(4096, 4096, 4096)
     result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
     first = result.results[:8]
-    assert len(first) == 8 and len(set(compiled)) == len(compiled) <= 8
+    assert len(first) == 8 and len(set(compiled)) == len(compiled)
     # the first pass runs each pick in bands, not in plain column order
     assert {(r.config.raster, r.config.swizzle) for r in first} == {(FIRST_RASTER, FIRST_SWIZZLE)}
     assert all(r.predicted_us is not None for r in first)
-    # the two best binaries swept over 2 rasters x 2 swizzles (minus the order already timed)
-    leaders = {r.config.compile_key for r in sorted(first, key=lambda r: r.ms)[:2]}
-    swept = result.results[8:]
+    # then the leaders' other cluster shapes, each a binary of its own
+    clusters = [r for r in result.results[8:] if r.config.compile_key in compiled[8:]]
+    assert len(clusters) == len(compiled) - 8
+    # the best binaries swept over 2 rasters x 2 swizzles (minus the order already timed)
+    leaders = {r.config.compile_key for r in sorted(first + clusters, key=lambda r: r.ms)[:2]}
+    swept = result.results[len(compiled) :]
     assert len(swept) == 2 * (2 * len(SWEEP_SWIZZLES) - 1)
     assert {r.config.compile_key for r in swept} == leaders
     assert result.candidates > 10000 and result.compiled == len(compiled)
@@ -100,11 +111,64 @@ def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
 
 
 @pytest.mark.timeout(120)
+def test_the_leaders_other_cluster_shapes_are_compiled_and_timed():
+    # 4 x 28672 x 4096, x @ w (a gate-up projection at decode): the top k holds each narrow tile
+    # in one cluster shape; the best two binaries' other shapes follow it
+    compile_fn, compiled = fake_compiler()
+    p = problem(4, 28672, 4096)
+    result = tune(p, top_k=8, sweep=2, compiler=compile_fn, runner=RELIABLE, progress=False)
+    first = result.results[:8]
+    leaders = []
+    for r in sorted(first, key=lambda r: r.ms):
+        if r.config.compile_key not in [c.compile_key for c in leaders]:
+            leaders.append(r.config)
+    leaders = leaders[:2]
+    clusters = [r.config for r in result.results[8 : len(compiled)]]
+    assert clusters and all(c.compile_key in compiled[8:] for c in clusters)
+    shapes = {leader.compile_key: set() for leader in leaders}
+    for config in clusters:
+        leader = next(
+            c
+            for c in leaders
+            if dataclasses.replace(config, cluster_m=c.cluster_m, cluster_n=c.cluster_n) == c
+        )
+        shapes[leader.compile_key].add((config.cluster_m, config.cluster_n))
+    # every shape the space offers the leading tile and the model predicts within the final's
+    # margin of it, but the one it was timed in
+    model = RankingModel()
+    best = leaders[0]
+    limit = model.predict_us(p, best) * (1 + FINAL_MARGIN)
+    offered = {
+        (c.cluster_m, c.cluster_n)
+        for c in map(in_first_order, candidates(p, orders=False))
+        if dataclasses.replace(c, cluster_m=1, cluster_n=1)
+        == dataclasses.replace(best, cluster_m=1, cluster_n=1)
+        and model.predict_us(p, c) <= limit
+    }
+    assert shapes[best.compile_key] == offered - {(best.cluster_m, best.cluster_n)}
+    assert shapes[best.compile_key]
+
+
+@pytest.mark.timeout(120)
+def test_configs_given_are_timed_as_given():
+    compile_fn, compiled = fake_compiler()
+    configs = [GemmConfig(tile_m=128, tile_n=128), GemmConfig(tile_m=128, tile_n=256)]
+    result = tune(
+        problem(4096, 4096, 4096), configs=configs, sweep=0, compiler=compile_fn,
+        runner=RELIABLE, progress=False,
+    )  # fmt: skip
+    assert sorted(compiled) == sorted(c.compile_key for c in configs)
+    assert [r.config for r in result.results] == configs
+
+
+@pytest.mark.timeout(120)
 def test_no_sweep_where_every_tile_runs_in_one_round():
     compile_fn, _ = fake_compiler()
     p = problem(512, 512, 8192)  # at most 16 tiles of 128x128: one round of 132 SMs
     result = tune(p, top_k=4, compiler=compile_fn, runner=RELIABLE, progress=False)
-    assert len(result.results) == 4
+    assert {(r.config.raster, r.config.swizzle) for r in result.results} == {
+        (FIRST_RASTER, FIRST_SWIZZLE)
+    }
     device = DeviceModel()
     assert not any(order_matters(r.config, p, device) for r in result.results)
     assert order_matters(GemmConfig(), problem(4096, 4096, 4096), device)

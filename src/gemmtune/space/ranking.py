@@ -49,7 +49,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES
+from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -87,17 +87,26 @@ FIRST_RASTER, FIRST_SWIZZLE = Raster.ALONG_M, 8
 #: warpgroups, swapped operands or not): a class whose best is predicted within this much of
 #: the fastest gets a place in the top k, so that one class cannot fill every place.
 CLASS_MARGIN = 0.05
-#: A binary with the TMA-store epilogue and its twin with direct stores, predicted within
-#: `TIE_MARGIN` of each other, are a tie the model cannot order: at the memory floor both stream
-#: the same bytes, and timed they differ by less than the noise. One of a tie takes a place in
-#: the top k, so that a tile's epilogue variants cannot fill it (a decode problem's top 8 held
-#: three cluster shapes of one stream-K tile, each with both epilogues).
+#: A binary with the TMA-store epilogue and its twin with direct stores, or the same tile in
+#: another cluster shape, predicted within `TIE_MARGIN` of each other, are a tie the model
+#: cannot order: at the memory floor they stream the same bytes. One of a tie takes a place in
+#: the top k, so that one tile's variants cannot fill it (a decode problem's top 8 held three
+#: cluster shapes of one stream-K tile, each with both epilogues; a gate-up projection's held
+#: two tiles in three cluster shapes each, and not the 128x16 tile that ran 4-7 % faster).
+#: Cluster shapes do differ when timed, so the tuner times the leaders' other shapes after the
+#: first pass (`tuning.tuner`).
 TIE_MARGIN = 0.01
 
 
-def tie_key(config: GemmConfig) -> GemmConfig:
-    """What the configs of one tie share: everything but the epilogue."""
-    return dataclasses.replace(config, tma_store=True)
+#: The fields a tie's configs may differ in.
+TIE_FIELDS = frozenset({"tma_store", "cluster_m", "cluster_n"})
+
+
+def tie_key(config: GemmConfig) -> tuple:
+    """What the configs of one tie share: everything but the epilogue and the cluster shape."""
+    return tuple(
+        getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in TIE_FIELDS
+    )
 
 
 def in_first_order(config: GemmConfig) -> GemmConfig:
@@ -312,10 +321,10 @@ class RankingModel:
         A swapped config takes a place only when it is predicted faster than its unswapped
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
-        would spend two places on one guess; for the same reason a tie of epilogues (`tie_key`,
-        `TIE_MARGIN`) takes one place. A narrow tile's 256-byte stages take a place only when
-        predicted faster than its 128-byte ones: at the memory floor, where they rank ahead of
-        every 128-byte config."""
+        would spend two places on one guess; for the same reason a tie of epilogues or cluster
+        shapes (`tie_key`, `TIE_MARGIN`) takes one place. A narrow tile's 256-byte stages take
+        a place only when predicted faster than its 128-byte ones (at the memory floor, where
+        they rank ahead of every 128-byte config), and its 128-byte stages none there."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -332,14 +341,21 @@ class RankingModel:
                 )
             return found
 
+        def wider_stages(config: GemmConfig) -> GemmConfig | None:
+            if config.stage_k_bytes != TILE_K_BYTES:
+                return None
+            return dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
+
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
-        ties: dict[GemmConfig, list[float]] = {}
+        ties: dict[tuple, list[float]] = {}
         fastest = None
         for t, config in ranked:  # fastest first: stop once no class or place is left to fill
             if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
+                continue
+            if predicted.get(wider_stages(config), math.inf) < t:
                 continue
             tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):

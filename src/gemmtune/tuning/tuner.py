@@ -4,6 +4,7 @@
     ranking model                       the top k by predicted time (or all: exhaustive)
     compile workers                     their binaries, in parallel; none the kernel cache holds
     benchmark worker                    ... while each finished one is verified, then timed
+    cluster sweep                       the best binaries' other cluster shapes, compiled, timed
     runtime sweep                       raster x swizzle on the best binaries: launches only
     final                               the close leaders again, each alone in windows in turn
     -> TuneResult                       the best config, and what happened to every candidate
@@ -102,8 +103,8 @@ class TuneResult:
     cublas_ms: float | None = None  # torch.matmul, in the final with the finalists
     cached_binaries: int = 0  # binaries the kernel cache held (not compiled)
     #: seconds from the start of the tune to each step: "ranked", "first_binary" (compiled),
-    #: "worker_ready", "first_pass" (every binary compiled and timed), "sweep", "final_start",
-    #: "final"
+    #: "worker_ready", "first_pass" (every binary compiled and timed), "cluster_sweep",
+    #: "sweep", "final_start", "final"
     timeline: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -188,9 +189,11 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then the `sweep` best binaries within `final_margin` of the best are timed at
-    every raster order and at the `SWEEP_SWIZZLES` where the order can matter
-    (`order_matters`; each candidate: `warmup_ms`, longer after the GPU sat idle
+    given), then (from the top k) the other cluster shapes of the `sweep` best binaries within
+    `final_margin` of the best are compiled and timed the same way (`cluster_variants`), then
+    the `sweep` best binaries within `final_margin` of the best are timed at every raster order
+    and at the `SWEEP_SWIZZLES` where the order can matter (`order_matters`; each candidate:
+    `warmup_ms`, longer after the GPU sat idle
     (`measure.timing.IDLE_WARMUP_MS`), then the median of `runs` runs, kept short so that the
     GPU's clocks move little from one to the next), and at most `finalists` leaders
     within `final_margin` of the best each alone in windows of `final_window_ms` taken in turn
@@ -227,13 +230,20 @@ def tune(
         tuning = _Tuning(problem, worker, setup, model, progress, start)
         chosen = tuning.choose(configs, exhaustive, top_k)
         out_dir = Path(kernel_dir) if kernel_dir is not None else _default_kernel_dir(problem)
-        if compiler is None:
-            outcomes = compile_iter(tuning.jobs(chosen), out_dir, pool)
-        else:
-            outcomes = compiler(tuning.jobs(chosen), out_dir)
+
+        def compiled(chosen: list[GemmConfig]) -> Iterator[CompileOutcome]:
+            jobs = tuning.jobs(chosen)
+            return (
+                compile_iter(jobs, out_dir, pool) if compiler is None else compiler(jobs, out_dir)
+            )
+
+        outcomes = compiled(chosen)
         try:
             timing = RunJob("", "", warmup_ms, runs, graph)
             tuning.first_pass(outcomes, timing)
+            if configs is None and not exhaustive:
+                tuning.first_pass(compiled(tuning.cluster_variants(sweep, final_margin)), timing)
+                tuning.mark("cluster_sweep")
             tuning.sweep(sweep, final_margin, timing)
             final = CompareJob((), (), final_window_ms, final_rounds, graph)
             tuning.final(finalists, final_margin, cublas, final)
@@ -285,6 +295,7 @@ class _Tuning:
         self.model = model or RankingModel(self.device)
         self.results: list[CandidateResult] = []
         self.groups: dict[str, list[GemmConfig]] = {}  # configs by binary
+        self.space: list[GemmConfig] = []
         self.paths: dict[str, Path] = {}
         self.predicted: dict[str, float] = {}
         self.space_size = 0
@@ -306,26 +317,62 @@ class _Tuning:
         else:
             picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
             chosen = [in_first_order(c) for c in picked]
+        self.space = space
         self.predicted = {c.key: self.model.predict_us(self.problem, c) for c in chosen}
         self.bar.total = len(chosen)
         self.mark("ranked")
-        return chosen
-
-    def jobs(self, chosen: list[GemmConfig]) -> list[CompileJob]:
-        for config in chosen:
-            self.groups.setdefault(config.compile_key, []).append(config)
-        signature = KernelSignature.of(self.problem)
-        jobs = [CompileJob(group[0], signature) for group in self.groups.values()]
         p = self.problem
         log.info(
             "tuning %dx%dx%dx%d %s: %d candidates, timing %d on %d binaries",
             *(p.m, p.n, p.k, p.l),
-            signature.key,
+            KernelSignature.of(p).key,
             self.space_size,
             len(chosen),
-            len(jobs),
+            len({c.compile_key for c in chosen}),
         )
-        return jobs
+        return chosen
+
+    def jobs(self, chosen: list[GemmConfig]) -> list[CompileJob]:
+        """One compile job per binary of `chosen` that this tune has not met before."""
+        new: dict[str, list[GemmConfig]] = {}
+        for config in chosen:
+            group = self.groups.get(config.compile_key)
+            if group is None:
+                group = new.setdefault(config.compile_key, [])
+            group.append(config)
+        self.groups.update(new)
+        signature = KernelSignature.of(self.problem)
+        return [CompileJob(group[0], signature) for group in new.values()]
+
+    def cluster_variants(self, binaries: int, margin: float) -> list[GemmConfig]:
+        """The other cluster shapes the space offers for the best `binaries` binaries within
+        `margin` of the best first-pass time, each predicted within `margin` of its leader.
+        The model sees little between a tile's cluster shapes and gives them one place in the
+        top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
+        of four along a weight's rows lead some, unclustered tiles others)."""
+        ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
+        leaders: dict[str, GemmConfig] = {}
+        for r in ok:
+            if len(leaders) == binaries or r.ms > ok[0].ms * (1 + margin):
+                break
+            leaders.setdefault(r.config.compile_key, in_first_order(r.config))
+        variants: dict[GemmConfig, None] = {}
+        for leader in leaders.values():
+            limit = self.model.predict_us(self.problem, leader) * (1 + margin)
+            shape = {"cluster_m": leader.cluster_m, "cluster_n": leader.cluster_n}
+            for config in self.space:
+                variant = in_first_order(config)
+                if (
+                    variant.compile_key in self.groups
+                    or dataclasses.replace(variant, **shape) != leader
+                ):
+                    continue
+                predicted = self.model.predict_us(self.problem, variant)
+                if predicted <= limit:
+                    variants[variant] = None
+                    self.predicted[variant.key] = predicted
+        self.bar.total += len(variants)
+        return list(variants)
 
     def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
         t0 = time.perf_counter()
