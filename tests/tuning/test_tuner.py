@@ -200,6 +200,19 @@ def test_failures_are_recorded_and_never_chosen():
 
 
 @pytest.mark.timeout(120)
+def test_a_tune_whose_every_compile_fails_chooses_nothing_and_sweeps_nothing():
+    def compile_fn(jobs, out_dir):
+        for job in jobs:
+            yield CompileOutcome(job, None, 0.0, "ptxas: out of registers")
+
+    result = tune(
+        problem(4, 28672, 4096), top_k=4, compiler=compile_fn, runner=RELIABLE, progress=False
+    )
+    assert result.best is None and result.best_ms is None
+    assert len(result.results) == 4 and all("compile: ptxas" in r.error for r in result.failures)
+
+
+@pytest.mark.timeout(120)
 def test_exhaustive_times_every_binary_and_split_count():
     compile_fn, compiled = fake_compiler()
     result = tune(
