@@ -149,6 +149,27 @@ def test_the_leaders_other_cluster_shapes_are_compiled_and_timed():
 
 
 @pytest.mark.timeout(120)
+def test_a_blackwell_tune_sweeps_the_cluster_shapes_of_1cta_leaders():
+    def operand(rows, cols):
+        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+
+    class OneCtaFirst(RankingModel):
+        def predict_us(self, problem, config):
+            return super().predict_us(problem, config) * (10 if config.two_cta else 1)
+
+    # the leaders are 1-CTA tiles; the space they are matched against holds 2-CTA ones, which
+    # have no twin in a cluster of one
+    p = GemmProblem.from_operands(operand(4096, 4096), operand(4096, 4096), arch=Arch.SM100)
+    compile_fn, compiled = fake_compiler()
+    result = tune(
+        p, top_k=8, compiler=compile_fn, runner=RELIABLE, model=OneCtaFirst(), progress=False
+    )
+    assert len(set(compiled)) == len(compiled) > 8
+    assert not any(r.config.two_cta for r in result.results)
+    assert result.best is not None
+
+
+@pytest.mark.timeout(120)
 def test_configs_given_are_timed_as_given():
     compile_fn, compiled = fake_compiler()
     configs = [GemmConfig(tile_m=128, tile_n=128), GemmConfig(tile_m=128, tile_n=256)]

@@ -361,13 +361,10 @@ class _Tuning:
         variants: dict[GemmConfig, None] = {}
         for leader in leaders.values():
             limit = self.model.predict_us(self.problem, leader) * (1 + margin)
-            shape = {"cluster_m": leader.cluster_m, "cluster_n": leader.cluster_n}
+            tile = _all_but_cluster(leader)
             for config in self.space:
                 variant = in_first_order(config)
-                if (
-                    variant.compile_key in self.groups
-                    or dataclasses.replace(variant, **shape) != leader
-                ):
+                if variant.compile_key in self.groups or _all_but_cluster(variant) != tile:
                     continue
                 predicted = self.model.predict_us(self.problem, variant)
                 if predicted <= limit:
@@ -471,6 +468,16 @@ class _Tuning:
             cached_binaries=self.cached,
             timeline=self.timeline,
         )
+
+
+def _all_but_cluster(config: GemmConfig) -> tuple:
+    """Every field of `config` but its cluster shape (a 2-CTA config has no 1x1 twin to
+    replace it with)."""
+    return tuple(
+        getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name not in ("cluster_m", "cluster_n")
+    )
 
 
 def _result(config: GemmConfig, predicted: float | None, m: Measurement) -> CandidateResult:
