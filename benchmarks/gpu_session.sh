@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
-# Steps: doctor tests public dispatch cost serving pretune kernel peers cache timings read-ceiling
-# int8-layouts
-# suite
-# (default: doctor tests public dispatch). A suite step runs `python3 -m benchmarks SUITE`
-# (cost: the tuning-cost suite, with $COST_ARGS; serving with $SERVING_ARGS); suite:
+# Steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers
+# cache timings read-ceiling int8-layouts suite
+# (default: doctor tests public dispatch). `tests` runs `pytest -m gpu`; where one call may
+# not run longer than 10 minutes, `tests-kernels` and `tests-rest` run its two halves
+# (tests/kernels, everything else), each with its own 570 s limit. A suite step runs
+# `python3 -m benchmarks SUITE` (cost: the tuning-cost suite, with $COST_ARGS; serving with
+# $SERVING_ARGS); suite:
 # `gemmtune bench --json` on an empty cache. Results and logs go to $OUT.
 set -uo pipefail
 if [ ! -f benchmarks/__main__.py ]; then
@@ -21,8 +23,8 @@ python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 ||
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | int8-layouts | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests public dispatch cost serving pretune kernel peers cache timings read-ceiling int8-layouts suite)" >&2; exit 2 ;;
+    doctor | tests | tests-kernels | tests-rest | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | int8-layouts | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers cache timings read-ceiling int8-layouts suite)" >&2; exit 2 ;;
   esac
 done
 
@@ -37,6 +39,8 @@ for step in $steps; do
   case $step in
     doctor) python3 -m gemmtune doctor 2>&1 | tee "$OUT/doctor.txt" ;;
     tests) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -15 ;;
+    tests-kernels) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/pytest-gpu-kernels.txt" | tail -15 ;;
+    tests-rest) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/kernels 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -15 ;;
     cost) run_suite tuning-cost ${COST_ARGS:-} ;;
     serving) run_suite serving ${SERVING_ARGS:-} ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
