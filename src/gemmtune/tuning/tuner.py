@@ -361,10 +361,12 @@ class _Tuning:
         variants: dict[GemmConfig, None] = {}
         for leader in leaders.values():
             limit = self.model.predict_us(self.problem, leader) * (1 + margin)
-            tile = _all_but_cluster(leader)
+            tile = _all_but_cluster_and_order(leader)
             for config in self.space:
+                if _all_but_cluster_and_order(config) != tile:
+                    continue
                 variant = in_first_order(config)
-                if variant.compile_key in self.groups or _all_but_cluster(variant) != tile:
+                if variant.compile_key in self.groups:
                     continue
                 predicted = self.model.predict_us(self.problem, variant)
                 if predicted <= limit:
@@ -470,14 +472,17 @@ class _Tuning:
         )
 
 
-def _all_but_cluster(config: GemmConfig) -> tuple:
-    """Every field of `config` but its cluster shape (a 2-CTA config has no 1x1 twin to
-    replace it with)."""
-    return tuple(
-        getattr(config, f.name)
-        for f in dataclasses.fields(config)
-        if f.name not in ("cluster_m", "cluster_n")
-    )
+#: What a tile's cluster variants share: every field of its config but the cluster shape and
+#: the order (a 2-CTA config has no 1x1 twin to compare through `dataclasses.replace`).
+_TILE_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(GemmConfig)
+    if f.name not in ("cluster_m", "cluster_n", "raster", "swizzle")
+)
+
+
+def _all_but_cluster_and_order(config: GemmConfig) -> tuple:
+    return tuple(getattr(config, name) for name in _TILE_FIELDS)
 
 
 def _result(config: GemmConfig, predicted: float | None, m: Measurement) -> CandidateResult:
