@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
+from gemmtune.kernels.schedule_model import ceil_div
 
 #: Tile of the copy, rows x columns of the source, and its warps: the fastest of the tiles
 #: timed for 8-bit matrices (128x128 with 8 warps 3-10 % ahead of 64x64 with 4).
@@ -68,7 +69,7 @@ def copying_launcher(launcher: Callable, copied: tuple[str, ...]) -> Callable:
 def padded(count: int, itemsize: int) -> int:
     """`count` elements rounded up to a whole number of 16-byte units."""
     unit = max(1, ALIGNMENT_BYTES // itemsize)
-    return -(-count // unit) * unit
+    return ceil_div(count, unit) * unit
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -80,7 +81,7 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
         return
     s, d = (x if x.dim() == 3 else x.unsqueeze(0) for x in (src, dst))
     batch, rows, cols = s.shape
-    grid = (-(-rows // TILE_ROWS), -(-cols // TILE_COLS), batch)
+    grid = (ceil_div(rows, TILE_ROWS), ceil_div(cols, TILE_COLS), batch)
     kernel[grid](
         s, d, rows, cols, *s.stride(), *d.stride(),
         TILE_ROWS=TILE_ROWS, TILE_COLS=TILE_COLS, num_warps=TILE_WARPS,
