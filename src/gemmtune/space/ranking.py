@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -87,6 +86,17 @@ FIRST_RASTER, FIRST_SWIZZLE = Raster.ALONG_M, 8
 #: warpgroups, swapped operands or not): a class whose best is predicted within this much of
 #: the fastest gets a place in the top k, so that one class cannot fill every place.
 CLASS_MARGIN = 0.05
+#: A config whose cluster spans the whole of the problem's short side reads each tile of the
+#: larger operand (a linear layer's weight) once, multicast to the tiles beside it; the same
+#: tile in another cluster shape has several clusters fetch it. The model does not see the
+#: difference (families are fitted on problems where every config fetches both operands many
+#: times), yet timed it is about 1.2x on problems of a few hundred rows (H200: 333 x 4096 x
+#: 4096 swapped 64x176 in clusters of 1x2 14.1 µs fp8, 20.1 bf16, against 17.3 and 26.2 in
+#: clusters of 2x1; 128 x 6144 x 4096 64x96 in clusters of 2x1 11.5 µs fp8, 18.5 bf16, against
+#: 13.6 and 22.2 unclustered). Such configs are a class of their own in the top k
+#: (`reads_larger_once`) whose best takes a place when predicted within `ONCE_MARGIN`, where
+#: the config predicted fastest is not one of them.
+ONCE_MARGIN = 0.25
 #: A binary with the TMA-store epilogue and its twin with direct stores, or the same tile in
 #: another cluster shape, predicted within `TIE_MARGIN` of each other, are a tie the model
 #: cannot order: at the memory floor they stream the same bytes. One of a tie takes a place in
@@ -107,6 +117,16 @@ def tie_key(config: GemmConfig) -> tuple:
     return tuple(
         getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in TIE_FIELDS
     )
+
+
+def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:
+    """Whether one cluster fetches each tile of the problem's larger operand: its cluster
+    spans every tile of the other side (the kernel's A is multicast along the cluster's N, its
+    B along M; a `swap_ab` kernel's A is the problem's b)."""
+    grid = TileGrid.of(config, problem.m, problem.n, problem.l)
+    b_larger = problem.n >= problem.m
+    kernel_a_larger = b_larger == config.swap_ab
+    return (grid.clusters_n if kernel_a_larger else grid.clusters_m) == 1
 
 
 def in_first_order(config: GemmConfig) -> GemmConfig:
@@ -346,30 +366,45 @@ class RankingModel:
                 return None
             return dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
 
+        def class_of(config: GemmConfig) -> tuple:
+            return (config.schedule, config.swap_ab, once[config])
+
+        once = {c: reads_larger_once(c, problem) for _, c in ranked}
+        if ranked and once[ranked[0][1]]:
+            # the favourite reads it once (a decode batch's swapped tiles all do): the model
+            # ranks such configs among themselves, and the class is no class
+            once = dict.fromkeys(once, False)
+        widest = max(CLASS_MARGIN, ONCE_MARGIN if any(once.values()) else 0.0)
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
         ties: dict[tuple, list[float]] = {}
         fastest = None
         for t, config in ranked:  # fastest first: stop once no class or place is left to fill
-            if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
+            if fastest is not None and len(kept) >= k and t > fastest * (1 + widest):
                 break
-            if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
+            # a twin, a wider stage or a tie stands in for a config only within its class
+            if any(
+                twin in once and once[twin] == once[config] and predicted[twin] <= t
+                for twin in twins(config)
+            ):
                 continue
-            if predicted.get(wider_stages(config), math.inf) < t:
+            wider = wider_stages(config)
+            if wider in once and once[wider] == once[config] and predicted[wider] < t:
                 continue
-            tie = ties.setdefault(tie_key(config), [])
+            tie = ties.setdefault((tie_key(config), once[config]), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
                 continue
             tie.append(t)
             fastest = t if fastest is None else fastest
-            cls = (config.schedule, config.swap_ab)
-            if len(kept) < k or (cls not in classes and t <= fastest * (1 + CLASS_MARGIN)):
+            cls = class_of(config)
+            margin = ONCE_MARGIN if once[config] else CLASS_MARGIN
+            if len(kept) < k or (cls not in classes and t <= fastest * (1 + margin)):
                 kept[config] = t
             classes.add(cls)
         # the classes' representatives displace the slowest of the plain top k
         by_class: dict[tuple, GemmConfig] = {}
         for config in sorted(kept, key=kept.__getitem__):
-            by_class.setdefault((config.schedule, config.swap_ab), config)
+            by_class.setdefault(class_of(config), config)
         rest = [c for c in sorted(kept, key=kept.__getitem__) if c not in by_class.values()]
         chosen = list(by_class.values()) + rest[: max(0, k - len(by_class))]
         kept = {c: kept[c] for c in chosen}
