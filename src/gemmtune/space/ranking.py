@@ -366,15 +366,20 @@ class RankingModel:
                 return None
             return dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
 
-        def class_of(config: GemmConfig) -> tuple:
-            return (config.schedule, config.swap_ab, once[config])
+        # where the favourite reads the larger operand once (a decode batch's swapped tiles
+        # all do), the model ranks such configs among themselves: no class of their own
+        split = bool(ranked) and not reads_larger_once(ranked[0][1], problem)
+        reads_once: dict[GemmConfig, bool] = {}
 
-        once = {c: reads_larger_once(c, problem) for _, c in ranked}
-        if ranked and once[ranked[0][1]]:
-            # the favourite reads it once (a decode batch's swapped tiles all do): the model
-            # ranks such configs among themselves, and the class is no class
-            once = dict.fromkeys(once, False)
-        widest = max(CLASS_MARGIN, ONCE_MARGIN if any(once.values()) else 0.0)
+        def once(config: GemmConfig) -> bool:
+            if config not in reads_once:
+                reads_once[config] = split and reads_larger_once(config, problem)
+            return reads_once[config]
+
+        def class_of(config: GemmConfig) -> tuple:
+            return (config.schedule, config.swap_ab, once(config))
+
+        widest = max(CLASS_MARGIN, ONCE_MARGIN if split else 0.0)
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
         ties: dict[tuple, list[float]] = {}
@@ -384,20 +389,20 @@ class RankingModel:
                 break
             # a twin, a wider stage or a tie stands in for a config only within its class
             if any(
-                twin in once and once[twin] == once[config] and predicted[twin] <= t
+                twin in predicted and predicted[twin] <= t and once(twin) == once(config)
                 for twin in twins(config)
             ):
                 continue
             wider = wider_stages(config)
-            if wider in once and once[wider] == once[config] and predicted[wider] < t:
+            if wider in predicted and predicted[wider] < t and once(wider) == once(config):
                 continue
-            tie = ties.setdefault((tie_key(config), once[config]), [])
+            tie = ties.setdefault((tie_key(config), once(config)), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
                 continue
             tie.append(t)
             fastest = t if fastest is None else fastest
             cls = class_of(config)
-            margin = ONCE_MARGIN if once[config] else CLASS_MARGIN
+            margin = ONCE_MARGIN if once(config) else CLASS_MARGIN
             if len(kept) < k or (cls not in classes and t <= fastest * (1 + margin)):
                 kept[config] = t
             classes.add(cls)
