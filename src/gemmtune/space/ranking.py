@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -93,10 +94,14 @@ CLASS_MARGIN = 0.05
 #: times), yet timed it is about 1.2x on problems of a few hundred rows (H200: 333 x 4096 x
 #: 4096 swapped 64x176 in clusters of 1x2 14.1 µs fp8, 20.1 bf16, against 17.3 and 26.2 in
 #: clusters of 2x1; 128 x 6144 x 4096 64x96 in clusters of 2x1 11.5 µs fp8, 18.5 bf16, against
-#: 13.6 and 22.2 unclustered). Such configs are a class of their own in the top k
-#: (`reads_larger_once`) whose best takes a place when predicted within `ONCE_MARGIN`, where
-#: the config predicted fastest is not one of them.
+#: 13.6 and 22.2 unclustered). Where none of the top k reads the larger operand once
+#: (`reads_larger_once`), the best config that does is timed beside them if predicted within
+#: `ONCE_MARGIN` of the fastest.
 ONCE_MARGIN = 0.25
+#: How many times the smaller operand's elements the larger must hold for the class to apply:
+#: a weight against a batch of activations. Where the two are alike (small-MN problems split
+#: along K) every config fetches both several times.
+ONCE_OPERAND_RATIO = 8
 #: A binary with the TMA-store epilogue and its twin with direct stores, or the same tile in
 #: another cluster shape, predicted within `TIE_MARGIN` of each other, are a tie the model
 #: cannot order: at the memory floor they stream the same bytes. One of a tie takes a place in
@@ -344,7 +349,9 @@ class RankingModel:
         would spend two places on one guess; for the same reason a tie of epilogues or cluster
         shapes (`tie_key`, `TIE_MARGIN`) takes one place. A narrow tile's 256-byte stages take
         a place only when predicted faster than its 128-byte ones (at the memory floor, where
-        they rank ahead of every 128-byte config), and its 128-byte stages none there."""
+        they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
+        none of the k reads the larger operand once and a config that does is predicted
+        within `ONCE_MARGIN`, the best such config comes as a (k+1)-th."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
@@ -366,51 +373,51 @@ class RankingModel:
                 return None
             return dataclasses.replace(config, stage_k_bytes=WIDE_STAGE_K_BYTES)
 
-        # where the favourite reads the larger operand once (a decode batch's swapped tiles
-        # all do), the model ranks such configs among themselves: no class of their own
-        split = bool(ranked) and not reads_larger_once(ranked[0][1], problem)
-        reads_once: dict[GemmConfig, bool] = {}
-
-        def once(config: GemmConfig) -> bool:
-            if config not in reads_once:
-                reads_once[config] = split and reads_larger_once(config, problem)
-            return reads_once[config]
-
-        def class_of(config: GemmConfig) -> tuple:
-            return (config.schedule, config.swap_ab, once(config))
-
-        widest = max(CLASS_MARGIN, ONCE_MARGIN if split else 0.0)
         kept: dict[GemmConfig, float] = {}
         classes: set[tuple] = set()
         ties: dict[tuple, list[float]] = {}
         fastest = None
         for t, config in ranked:  # fastest first: stop once no class or place is left to fill
-            if fastest is not None and len(kept) >= k and t > fastest * (1 + widest):
+            if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
-            # a twin, a wider stage or a tie stands in for a config only within its class
-            if any(
-                twin in predicted and predicted[twin] <= t and once(twin) == once(config)
-                for twin in twins(config)
-            ):
+            if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
                 continue
-            wider = wider_stages(config)
-            if wider in predicted and predicted[wider] < t and once(wider) == once(config):
+            if predicted.get(wider_stages(config), math.inf) < t:
                 continue
-            tie = ties.setdefault((tie_key(config), once(config)), [])
+            tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
                 continue
             tie.append(t)
             fastest = t if fastest is None else fastest
-            cls = class_of(config)
-            margin = ONCE_MARGIN if once(config) else CLASS_MARGIN
-            if len(kept) < k or (cls not in classes and t <= fastest * (1 + margin)):
+            cls = (config.schedule, config.swap_ab)
+            if len(kept) < k or (cls not in classes and t <= fastest * (1 + CLASS_MARGIN)):
                 kept[config] = t
             classes.add(cls)
         # the classes' representatives displace the slowest of the plain top k
         by_class: dict[tuple, GemmConfig] = {}
         for config in sorted(kept, key=kept.__getitem__):
-            by_class.setdefault(class_of(config), config)
+            by_class.setdefault((config.schedule, config.swap_ab), config)
         rest = [c for c in sorted(kept, key=kept.__getitem__) if c not in by_class.values()]
         chosen = list(by_class.values()) + rest[: max(0, k - len(by_class))]
         kept = {c: kept[c] for c in chosen}
-        return sorted(kept, key=kept.__getitem__)[:k]
+        top = sorted(kept, key=kept.__getitem__)[:k]
+        once = self._reads_once_pick(problem, ranked, top)
+        return [*top, once] if once is not None else top
+
+    def _reads_once_pick(
+        self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]
+    ) -> GemmConfig | None:
+        """The config predicted fastest of those that read the larger operand once, where it
+        is at least `ONCE_OPERAND_RATIO` times the smaller, none of `top` does and it is
+        predicted within `ONCE_MARGIN` of the fastest; else None."""
+        if not ranked or max(problem.m, problem.n) < ONCE_OPERAND_RATIO * min(problem.m, problem.n):
+            return None
+        if any(reads_larger_once(c, problem) for c in top):
+            return None
+        limit = ranked[0][0] * (1 + ONCE_MARGIN)
+        for t, config in ranked:
+            if t > limit:
+                return None
+            if reads_larger_once(config, problem):
+                return config
+        return None
