@@ -257,6 +257,12 @@ def run_child(
     return rows
 
 
+def latest_timings() -> Path | None:
+    """The newest `timings-<gpu>-<date>.json.gz` in the results folder (by its date)."""
+    found = sorted(RESULTS.glob("timings-*.json.gz"), key=lambda p: p.name.split("-", 2)[-1])
+    return found[-1] if found else None
+
+
 def exhaustive_leaders(path: Path) -> dict[str, list[str]]:
     """The three fastest configs of each shape in a `timings` results file."""
     with gzip.open(path) as f:
@@ -309,8 +315,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--exhaustive",
         type=Path,
-        default=RESULTS / "timings-h200-2026-11-22.json.gz",
-        help="the `timings` results the cold tunes' choices are compared with",
+        default=latest_timings(),
+        help="the `timings` results the cold tunes' choices are compared with (default: the "
+        "latest in benchmarks/results)",
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -327,6 +334,8 @@ def main(argv: list[str] | None = None) -> Path:
                 rows.append({**row, "helpers": how})
                 print(f"{how} {row['what']} ({row.get('workers', '')}): {row['ms']} ms", flush=True)
     if "cold" in phases:
+        if args.exhaustive is None:
+            parser.error("no timings results to compare the cold tunes with: pass --exhaustive")
         leaders = exhaustive_leaders(args.exhaustive)
         cold = []
         for shape in shapes:
