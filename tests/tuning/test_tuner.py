@@ -158,8 +158,8 @@ def test_a_blackwell_tune_sweeps_the_cluster_shapes_of_1cta_leaders():
             return super().predict_us(problem, config) * (10 if config.two_cta else 1)
 
     # the leaders are 1-CTA tiles; the space they are matched against holds 2-CTA ones, which
-    # have no twin in a cluster of one
-    p = GemmProblem.from_operands(operand(4096, 4096), operand(4096, 4096), arch=Arch.SM100)
+    # have no twin in a cluster of one (64 x 8192 x 8192: memory-bound, so swept)
+    p = GemmProblem.from_operands(operand(64, 8192), operand(8192, 8192), arch=Arch.SM100)
     compile_fn, compiled = fake_compiler()
     result = tune(
         p, top_k=8, compiler=compile_fn, runner=RELIABLE, model=OneCtaFirst(), progress=False
@@ -167,6 +167,18 @@ def test_a_blackwell_tune_sweeps_the_cluster_shapes_of_1cta_leaders():
     assert len(set(compiled)) == len(compiled) > 8
     assert not any(r.config.two_cta for r in result.results)
     assert result.best is not None
+
+
+@pytest.mark.timeout(120)
+def test_a_compute_bound_tune_sweeps_no_cluster_shapes():
+    # 4096^3: the MMA work bounds it; the sweep's round of compiles cost 2.3-3 s a tune there
+    p = problem(4096, 4096, 4096)
+    assert not RankingModel().memory_bound(p) and RankingModel().memory_bound(
+        problem(4, 28672, 4096)
+    )
+    compile_fn, compiled = fake_compiler()
+    result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
+    assert len(compiled) == 8 and "cluster_sweep" not in result.timeline
 
 
 @pytest.mark.timeout(120)

@@ -322,14 +322,23 @@ class RankingModel:
         floor = memory * (WIDE_STAGE_MEMORY_FACTOR if config.stage_k_bytes > TILE_K_BYTES else 1)
         return max(compute, floor) + penalty * min(compute, memory) + reduction
 
-    def roofline_us(self, problem: GemmProblem) -> float:
-        """The least time the GPU needs for the problem: its MMA work at peak, or moving its
-        operands and result once, whichever is longer."""
+    def _roofline_parts(self, problem: GemmProblem) -> tuple[float, float]:
+        """(µs of the problem's MMA work at peak, µs to move its operands and result once)."""
         compute = problem.flops / (self.device.sm_count * self.device.mma_flops_per_us_per_sm)
         compute *= mma_time_factor(problem)
         elements = (problem.m + problem.n) * problem.k * problem.a_dtype.itemsize
         memory = (elements + problem.m * problem.n * problem.out_dtype.itemsize) * problem.l
-        return max(compute, memory / self.device.hbm_bytes_per_us)
+        return compute, memory / self.device.hbm_bytes_per_us
+
+    def roofline_us(self, problem: GemmProblem) -> float:
+        """The least time the GPU needs for the problem: its MMA work at peak, or moving its
+        operands and result once, whichever is longer."""
+        return max(self._roofline_parts(problem))
+
+    def memory_bound(self, problem: GemmProblem) -> bool:
+        """Whether moving the problem's bytes once takes longer than its MMA work at peak."""
+        compute, memory = self._roofline_parts(problem)
+        return memory >= compute
 
     def rank(
         self, problem: GemmProblem, configs: list[GemmConfig]

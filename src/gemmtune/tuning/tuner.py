@@ -191,8 +191,9 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then (from the top k) the other cluster shapes of the `sweep` best binaries within
-    `final_margin` of the best are compiled and timed the same way (`cluster_variants`), then
+    given), then, where the problem is memory-bound (`RankingModel.memory_bound`), from the top
+    k the other cluster shapes of the `sweep` best binaries within `final_margin` of the best
+    are compiled and timed the same way (`cluster_variants`), then
     the `sweep` best binaries within `final_margin` of the best are timed at every raster order
     and at the `SWEEP_SWIZZLES` where the order can matter (`order_matters`; each candidate:
     `warmup_ms`, longer after the GPU sat idle
@@ -243,7 +244,9 @@ def tune(
         try:
             timing = RunJob("", "", warmup_ms, runs, graph)
             tuning.first_pass(outcomes, timing)
-            if configs is None and not exhaustive:
+            # the cluster sweep is a second round of compiles; the model ties cluster shapes
+            # at the memory floor, and elsewhere the round cost more than it found
+            if configs is None and not exhaustive and tuning.model.memory_bound(problem):
                 tuning.first_pass(compiled(tuning.cluster_variants(sweep, final_margin)), timing)
                 tuning.mark("cluster_sweep")
             tuning.sweep(sweep, final_margin, timing)
