@@ -170,15 +170,21 @@ def test_a_blackwell_tune_sweeps_the_cluster_shapes_of_1cta_leaders():
 
 
 @pytest.mark.timeout(120)
-def test_a_compute_bound_tune_sweeps_no_cluster_shapes():
-    # 4096^3: the MMA work bounds it; the sweep's round of compiles cost 2.3-3 s a tune there
+def test_a_compute_bound_tune_sweeps_cluster_shapes_only_for_one_wave_leaders():
+    # 4096^3: the MMA work bounds it and every leader runs waves of tiles; the sweep's round of
+    # compiles cost 2.3-3 s a tune there and found nothing
+    model = RankingModel()
     p = problem(4096, 4096, 4096)
-    assert not RankingModel().memory_bound(p) and RankingModel().memory_bound(
-        problem(4, 28672, 4096)
-    )
+    assert not model.memory_bound(p) and model.memory_bound(problem(4, 28672, 4096))
     compile_fn, compiled = fake_compiler()
-    result = tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
-    assert len(compiled) == 8 and "cluster_sweep" not in result.timeline
+    tune(p, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
+    assert len(compiled) == 8
+    # 512 x 512 x 32768 is compute-bound too, but its split-K leaders are one wave
+    small = problem(512, 512, 32768)
+    assert not model.memory_bound(small)
+    compile_fn, compiled = fake_compiler()
+    tune(small, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
+    assert len(compiled) > 8
 
 
 @pytest.mark.timeout(120)

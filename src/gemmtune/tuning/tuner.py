@@ -191,8 +191,8 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then, where the problem is memory-bound (`RankingModel.memory_bound`), from the top
-    k the other cluster shapes of the `sweep` best binaries within `final_margin` of the best
+    given), then (from the top k) the other cluster shapes of the `sweep` best binaries within
+    `final_margin` of the best, where the problem is memory-bound or they are one wave of work,
     are compiled and timed the same way (`cluster_variants`), then
     the `sweep` best binaries within `final_margin` of the best are timed at every raster order
     and at the `SWEEP_SWIZZLES` where the order can matter (`order_matters`; each candidate:
@@ -244,9 +244,7 @@ def tune(
         try:
             timing = RunJob("", "", warmup_ms, runs, graph)
             tuning.first_pass(outcomes, timing)
-            # the cluster sweep is a second round of compiles; the model ties cluster shapes
-            # at the memory floor, and elsewhere the round cost more than it found
-            if configs is None and not exhaustive and tuning.model.memory_bound(problem):
+            if configs is None and not exhaustive:
                 tuning.first_pass(compiled(tuning.cluster_variants(sweep, final_margin)), timing)
                 tuning.mark("cluster_sweep")
             tuning.sweep(sweep, final_margin, timing)
@@ -351,7 +349,11 @@ class _Tuning:
 
     def cluster_variants(self, binaries: int, margin: float) -> list[GemmConfig]:
         """The other cluster shapes the space offers for the best `binaries` binaries within
-        `margin` of the best first-pass time, each predicted within `margin` of its leader.
+        `margin` of the best first-pass time, each predicted within `margin` of its leader;
+        where the problem is compute-bound, only for leaders whose work is one wave
+        (`one_wave`): on problems of many waves the families' fitted constants, measured on
+        such problems, order the cluster shapes, and the round of compiles (2.3-3 s a tune on
+        4096^2 outputs, H200) found nothing.
         The model sees little between a tile's cluster shapes and gives them one place in the
         top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
         of four along a weight's rows lead some, unclustered tiles others)."""
@@ -361,6 +363,8 @@ class _Tuning:
             if len(leaders) == binaries or r.ms > ok[0].ms * (1 + margin):
                 break
             leaders.setdefault(r.config.compile_key, in_first_order(r.config))
+        if not self.model.memory_bound(self.problem):
+            leaders = {key: c for key, c in leaders.items() if self.one_wave(c)}
         variants: dict[GemmConfig, None] = {}
         for leader in leaders.values():
             limit = self.model.predict_us(self.problem, leader) * (1 + margin)
@@ -377,6 +381,13 @@ class _Tuning:
                     self.predicted[variant.key] = predicted
         self.bar.total += len(variants)
         return list(variants)
+
+    def one_wave(self, config: GemmConfig) -> bool:
+        """Whether the config's work (its units, times its splits) fits in one wave of the
+        clusters the GPU holds at once."""
+        grid = TileGrid.of(config, self.problem.m, self.problem.n, self.problem.l)
+        items = grid.work_units * (config.splits if config.splits > 1 else 1)
+        return items <= self.device.resident_clusters(config.cluster_m * config.cluster_n)
 
     def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
         t0 = time.perf_counter()
