@@ -115,13 +115,12 @@ TIE_MARGIN = 0.01
 
 #: The fields a tie's configs may differ in.
 TIE_FIELDS = frozenset({"tma_store", "cluster_m", "cluster_n"})
+_TIE_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(GemmConfig) if f.name not in TIE_FIELDS)
 
 
 def tie_key(config: GemmConfig) -> tuple:
     """What the configs of one tie share: everything but the epilogue and the cluster shape."""
-    return tuple(
-        getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in TIE_FIELDS
-    )
+    return tuple(getattr(config, name) for name in _TIE_KEY_FIELDS)
 
 
 def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:

@@ -386,7 +386,7 @@ class _Tuning:
         """Whether the config's work (its units, times its splits) fits in one wave of the
         clusters the GPU holds at once."""
         grid = TileGrid.of(config, self.problem.m, self.problem.n, self.problem.l)
-        items = grid.work_units * (config.splits if config.splits > 1 else 1)
+        items = grid.work_units * config.splits
         return items <= self.device.resident_clusters(config.cluster_m * config.cluster_n)
 
     def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
