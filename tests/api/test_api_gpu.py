@@ -109,6 +109,25 @@ def test_gradients_flow_where_our_kernel_serves(tmp_path, monkeypatch):
     assert d.plan(a, b).launcher is not None
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_operands_whose_strides_tma_cannot_take_run_on_padded_copies(tmp_path, dtype):
+    """`x @ w` of a row-major weight whose rows are 4,200 bytes, and a column-major `x` whose
+    columns are 2,002: our kernel serves both on K-major copies (`GemmProblem.copied`), and
+    the same dispatcher's aligned call reads its operands as they are."""
+    d = _dispatcher(tmp_path, GemmConfig(tile_m=128, tile_n=128))
+    w = torch.randn(2000, 2100, device="cuda", dtype=dtype)[:, :2096]
+    row_major = torch.randn(1001, 2000, device="cuda", dtype=dtype)
+    column_major = torch.randn(2000, 1001, device="cuda", dtype=dtype).t()
+    for x, copied in ((row_major, ("b",)), (column_major, ("a", "b"))):
+        plan = d.plan(x, w)
+        assert plan.launcher is not None, plan.reason
+        out = d(x, w)
+        ok, err = check(out, x.float() @ w.float())
+        assert ok, f"{copied}: rel err {err}"
+    aligned = w.contiguous()
+    assert check(d(row_major, aligned), row_major.float() @ aligned.float())[0]
+
+
 def test_concurrent_streams_get_their_own_workspace(tmp_path):
     d = _dispatcher(tmp_path, CAPTURED_CONFIGS["split_k"])
     streams = [torch.cuda.Stream() for _ in range(2)]

@@ -74,6 +74,19 @@ def test_mismatches_counts_a_single_wrong_element_and_nan():
     assert mismatches(wrong, reference, k) == 2
 
 
+def test_an_fp8_element_may_err_with_the_sum_of_its_products_magnitudes():
+    k = 2544
+    reference = torch.zeros(1, 2)
+    magnitude = torch.full((1, 2), 0.64 * k)  # |a| @ |b| of randn-like operands
+    got = torch.tensor([[0.76, 0.76]])  # fast accumulation's worst seen at this k
+    assert mismatches(got, reference, k, fp8=True) == 2  # beyond the square-root term
+    assert mismatches(got, reference, k, fp8=True, magnitude=magnitude) == 0
+    got[0, 1] = math.sqrt(128)  # a k-tile of 128 products missed, typically: beyond both
+    assert mismatches(got, reference, k, fp8=True, magnitude=magnitude) == 1
+    # the bound is the fp8 products' only
+    assert mismatches(got, reference, k, magnitude=magnitude) == 2
+
+
 def test_eight_bit_cases_cover_every_layout_and_mostly_the_one_their_mmas_read():
     cases = [draw(seed) for seed in range(1000)]
     eight_bit = [c for c in cases if c.dtype.itemsize == 1]

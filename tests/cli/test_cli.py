@@ -345,7 +345,7 @@ def test_tune_json(capsys, fake_gpu):
 
 
 def test_tune_a_problem_our_kernels_do_not_serve(capsys, fake_gpu):
-    assert main(["tune", "--shape", "64x7x64"]) == 2  # a 14-byte output row
+    assert main(["tune", "--shape", "64x64x7"]) == 2  # rows of a of 14 bytes
     captured = capsys.readouterr()
     assert "no gemmtune kernel serves this problem (alignment:" in captured.err
     assert "Traceback" not in captured.err and captured.out == "" and fake_gpu == []

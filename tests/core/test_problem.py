@@ -115,6 +115,33 @@ def test_a_copied_operand_needs_no_alignment_of_its_own():
     assert problem(op((64, 128)), op((128, 32))).copied == ()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16bit_operand_in_the_other_major_with_strides_tma_cannot_take_is_copied(dtype):
+    """`x @ w` of a row-major weight of 2,100 columns (rows of 4,200 bytes), and a
+    column-major `a` of 1,001 rows: each is multiplied as a K-major copy with padded rows."""
+    p = problem(op((2050, 2000), dtype=dtype), op((2000, 2100), dtype=dtype))
+    assert p.supported and p.copied == ("b",) and p.layout == "tn"
+    assert (p.a_major, p.b_major) == ("k", "k") and not p.out_aligned
+    p = problem(col((1001, 64), dtype=dtype), op((64, 128), dtype=dtype))
+    assert p.supported and p.copied == ("a",) and p.layout == "nn"
+    # both at once
+    p = problem(col((1001, 64), dtype=dtype), op((64, 2100), dtype=dtype))
+    assert p.supported and p.copied == ("a", "b")
+
+
+def test_a_16bit_operand_is_copied_only_for_its_strides():
+    # aligned strides: read as it is
+    assert problem(op((64, 64)), op((64, 2104))).copied == ()
+    # K-major with a row stride TMA cannot take: a copy would only pad it; torch serves it
+    p = problem(op((64, 2100), stride=(2101, 1)), op((2100, 64)))
+    assert codes(p) == ["alignment"] and p.copied == ()
+    # an address TMA cannot take goes to torch, strides or not: a plan is made per strides, and
+    # the calls that share them need not share the address's alignment
+    b = op((64, 2100), ptr=(1 << 20) + 2)
+    assert codes(problem(op((64, 64)), b)) == ["alignment"]
+    assert codes(problem(op((64, 64)), op((64, 2104), ptr=(1 << 20) + 2))) == ["alignment"]
+
+
 def test_tiny_m1_vector_is_supported():
     p = problem(op((1, 64)), op((64, 8)))
     assert p.a_major == "k" and p.supported
@@ -195,8 +222,8 @@ def test_bad_out_raises(out, out_dtype, exc, match):
         ),
         ({"a": op((64, 64), ptr=(1 << 20) + 2), "b": op((64, 64))}, "alignment", "data pointer"),
         ({"a": op((64, 60)), "b": op((60, 64))}, "alignment", "stride 60 along dim 0"),
-        ({"a": op((64, 64)), "b": op((64, 20))}, "alignment", "b's stride 20"),
-        ({"a": op((64, 64)), "b": op((64, 36))}, "alignment", "b's stride 36"),
+        ({"a": col((64, 20)), "b": col((20, 64))}, "alignment", "b's stride 20"),
+        ({"a": col((64, 36)), "b": col((36, 64))}, "alignment", "b's stride 36"),
         ({"a": op((64, 64), ptr=(1 << 20) + 8), "b": op((64, 64))}, "alignment", "a's data"),
         ({"a": op((2, 64, 64)), "b": op((1, 64, 64))}, "broadcast", "2 against 1"),
         ({"a": op((2, 64, 64)), "b": op((64, 64))}, "broadcast", "3-D operand against a 2-D"),

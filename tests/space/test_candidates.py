@@ -47,8 +47,10 @@ def test_split_counts_never_exceed_k_tiles():
 
 def test_unserved_problems_have_no_candidates():
     assert candidates(problem(64, 64, 64, dtype=torch.float32)) == []
-    # misaligned B (n = 20 bf16 per row is 40 bytes)
-    assert candidates(problem(64, 20, 64)) == []
+    # misaligned K-major A (k = 20 bf16 per row is 40 bytes); a row-major B of such rows is
+    # copied K-major (`GemmProblem.copied`) and served
+    assert candidates(problem(64, 64, 20)) == []
+    assert candidates(problem(64, 20, 64), orders=False)
 
 
 @pytest.mark.parametrize("arch", [Arch.SM90, Arch.SM100])
