@@ -112,7 +112,7 @@ class Operand:
         launcher checks the strides as they are, those of dimensions of size 1 included."""
         if why := self.element_misalignment(name, major):
             return why
-        if self.data_ptr % ALIGNMENT_BYTES:
+        if not self.pointer_aligned:
             return f"{name}'s data pointer is not {ALIGNMENT_BYTES}-byte aligned"
         contiguous = self._contiguous_dim(major)
         for dim, stride in enumerate(self.stride):
@@ -122,6 +122,11 @@ class Operand:
                     f"bytes, not a multiple of {ALIGNMENT_BYTES}"
                 )
         return None
+
+    @property
+    def pointer_aligned(self) -> bool:
+        """Whether the base address suits TMA (16-byte aligned)."""
+        return self.data_ptr % ALIGNMENT_BYTES == 0
 
     def element_misalignment(self, name: str, major: str) -> str | None:
         """Why no kernel can address this operand laid out with its `major`, not even one that
@@ -182,9 +187,10 @@ class GemmProblem:
     #: whether the output suits TMA (16-byte aligned base and strides): an output that does not
     #: (a row of 2,100 bf16 values is 4,200 bytes) is written by direct stores only
     out_aligned: bool = True
-    #: the operands ("a", "b") our kernels multiply as K-major copies made on every call: 8-bit
-    #: inputs in a layout 8-bit MMAs cannot read (`kernels.transpose`); `a_major` and `b_major`
-    #: are the copies' ("k")
+    #: the operands ("a", "b") our kernels multiply as K-major copies made on every call, each
+    #: given in the other major (a column-major, b row-major): 8-bit inputs, which 8-bit MMAs
+    #: cannot read so, and 16-bit ones whose strides TMA cannot take (`kernels.transpose`);
+    #: `a_major` and `b_major` are the copies' ("k")
     copied: tuple[str, ...] = ()
 
     @property
@@ -383,10 +389,18 @@ class GemmProblem:
             for name, op, rows, cols in (("a", a, m, k), ("b", b, k, n), ("out", out, m, n))
         }
         # 8-bit MMAs read A and B K-major: an operand in the other layout is copied K-major
-        # (`kernels.transpose`), so its own strides and address do not matter
+        # (`kernels.transpose`), so its own strides do not matter. So is a 16-bit one whose
+        # strides TMA cannot take (`x @ w` of a weight with rows of 4,200 bytes), at an address
+        # TMA can: the copy's are padded. Its address stays a condition, so that a plan made for
+        # these strides (`api.dispatch`) copies only where every call with them must.
         eight_bit = a.dtype in EIGHT_BIT_DTYPES
         other_major = {"a": "col", "b": "row"}
-        copied = tuple(n for n in ("a", "b") if eight_bit and majors[n] == other_major[n])
+        copied = tuple(
+            name
+            for name, op in (("a", a), ("b", b))
+            if majors[name] == other_major[name]
+            and (eight_bit or (op.misalignment(name, majors[name]) and op.pointer_aligned))
+        )
         out_aligned = True
         for name, op in (("a", a), ("b", b), ("out", out)):
             if majors[name] is None:
