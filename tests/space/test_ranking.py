@@ -6,7 +6,7 @@ import torch
 from gemmtune.core.config import GemmConfig, Schedule
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
-from gemmtune.space import candidates
+from gemmtune.space import candidates, ranking
 from gemmtune.space.ranking import (
     CLASS_MARGIN,
     TIE_MARGIN,
@@ -258,15 +258,11 @@ def test_a_cluster_spanning_the_short_side_reads_the_larger_operand_once():
     assert not reads_larger_once(GemmConfig(tile_m=128, tile_n=64, cluster_m=2), tall)
 
 
-def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does():
-    # fp8 333 x 4096 x 4096 on an H200: swapped 64x176 in clusters of 1x2 (the weight tile
-    # multicast to both tiles of the 333 rows) 14.1 µs, in clusters of 2x1 17.3, the tuned
-    # 128x112 15.2-15.6; the model's favourite fetches the weight in three clusters, and so
-    # does every config of its top 8: the best that fetches it once is timed as a ninth
-    p = GemmProblem.of_shape(
-        333,
-        4096,
-        4096,
+def fp8_linear(m, n, k):
+    return GemmProblem.of_shape(
+        m,
+        n,
+        k,
         dtype=torch.float8_e4m3fn,
         out_dtype=torch.bfloat16,
         layout="tt",
@@ -274,6 +270,16 @@ def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does():
         arch=Arch.SM90,
         scaling="tensor",
     )
+
+
+def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypatch):
+    # fp8 333 x 4096 x 4096 on an H200: swapped 64x176 in clusters of 1x2 (the weight tile
+    # multicast to both tiles of the 333 rows) 14.1 µs, in clusters of 2x1 17.3, the tuned
+    # 128x112 15.2-15.6; the model's favourite fetches the weight in three clusters, and so
+    # does every config of its top 8 but for the twins that take places in it: without them,
+    # the best that fetches it once is timed as a ninth
+    monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
+    p = fp8_linear(333, 4096, 4096)
     model = RankingModel()
     space = candidates(p, orders=False)
     ranked = [c for _, c in model.rank(p, space)]
@@ -296,6 +302,31 @@ def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does():
             scaling="tensor" if dtype.itemsize == 1 else None,
         )
         assert len(model.top_k(other, candidates(other, orders=False), 8)) == 8
+
+
+def test_a_one_wave_config_that_reads_the_weight_twice_gives_its_place_to_its_twin(monkeypatch):
+    # fp8 128 x 6144 x 4096 on an H200: 64x96 in clusters of 2x1 12.1 µs, unclustered 13.9, in
+    # 1x2 14.0; the model ranks the 1x2 shape first of the three
+    model = RankingModel()
+    p = fp8_linear(128, 6144, 4096)
+    space = candidates(p, orders=False)
+    top = model.top_k(p, space, 8)
+    assert "sm90_64x96_c2x1_pp_tma_dp" in {c.compile_key for c in top}
+    assert len(top) == len(set(top)) == 8
+    one_wave = [c for c in top if c.decomposition.value == "data_parallel"]
+    assert all(reads_larger_once(c, p) for c in one_wave if model.one_wave(p, c))
+    # 333 rows: the swapped 64x176 in clusters of 1x2 (14.1 µs against 17.3 in 2x1) comes in
+    # as a twin, and the top 8 needs no ninth
+    p = fp8_linear(333, 4096, 4096)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert len(top) == 8 and "sm90_64x176_c1x2_swap_pp_tma_dp" in {c.compile_key for c in top}
+    # problems that are not skewed, or of many waves, keep their top 8
+    for other in (problem(4096, 4096, 4096), problem(16, 28672, 4096, linear=True)):
+        space = candidates(other, orders=False)
+        with_twins = model.top_k(other, space, 8)
+        monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
+        assert model.top_k(other, space, 8) == with_twins
+        monkeypatch.undo()
 
 
 def test_partial_tiles_cost_time_even_when_memory_bound():

@@ -98,6 +98,14 @@ CLASS_MARGIN = 0.05
 #: (`reads_larger_once`), the best config that does is timed beside them if predicted within
 #: `ONCE_MARGIN` of the fastest.
 ONCE_MARGIN = 0.25
+#: On a skewed problem whose work is one wave (128 rows against a weight, a decode batch's
+#: swapped tiles), a data-parallel config that does not read the larger operand once gives its
+#: place in the top k to its twin that does, the first of these cluster shapes (fewest CTAs
+#: first) that spans the short side and stays one wave: the families' `c` per item, fitted
+#: where a tile's epilogue overlaps the next tile's mainloop, favours 2x2 and 1x2 shapes there
+#: by 2-4 µs, yet timed the 64-row tiles that read the weight twice ran 15-35 % slower than
+#: their 2x1 shape (`docs/ranking.md`).
+ONCE_TWIN_SHAPES = ((1, 1), (2, 1), (1, 2), (4, 1), (1, 4), (2, 2))
 #: How many times the smaller operand's elements the larger must hold for the class to apply:
 #: a weight against a batch of activations. Where the two are alike (small-MN problems split
 #: along K) every config fetches both several times.
@@ -121,6 +129,11 @@ _TIE_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(GemmConfig) if f.name
 def tie_key(config: GemmConfig) -> tuple:
     """What the configs of one tie share: everything but the epilogue and the cluster shape."""
     return tuple(getattr(config, name) for name in _TIE_KEY_FIELDS)
+
+
+def skewed(problem: GemmProblem) -> bool:
+    """Whether one operand holds at least `ONCE_OPERAND_RATIO` times the other's elements."""
+    return max(problem.m, problem.n) >= ONCE_OPERAND_RATIO * min(problem.m, problem.n)
 
 
 def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:
@@ -409,8 +422,39 @@ class RankingModel:
         chosen = list(by_class.values()) + rest[: max(0, k - len(by_class))]
         kept = {c: kept[c] for c in chosen}
         top = sorted(kept, key=kept.__getitem__)[:k]
+        top = list(dict.fromkeys(self._once_twin(problem, c, predicted) for c in top))
         once = self._reads_once_pick(problem, ranked, top)
         return [*top, once] if once is not None else top
+
+    def _once_twin(
+        self, problem: GemmProblem, config: GemmConfig, offered: dict[GemmConfig, float]
+    ) -> GemmConfig:
+        """`config`, or where the problem is `skewed` and `config` is data-parallel, of one
+        wave and does not read the larger operand once, its twin in the cluster shape of
+        fewest CTAs that does and stays one wave, where `offered` holds it (`ONCE_TWIN_SHAPES`)."""
+        if (
+            config.decomposition is not Decomposition.DATA_PARALLEL
+            or not skewed(problem)
+            or reads_larger_once(config, problem)
+            or not self.one_wave(problem, config)
+        ):
+            return config
+        for cluster_m, cluster_n in ONCE_TWIN_SHAPES:
+            twin = dataclasses.replace(config, cluster_m=cluster_m, cluster_n=cluster_n)
+            if (
+                twin in offered
+                and reads_larger_once(twin, problem)
+                and self.one_wave(problem, twin)
+            ):
+                return twin
+        return config
+
+    def one_wave(self, problem: GemmProblem, config: GemmConfig) -> bool:
+        """Whether the config's work (its units, times its splits) fits in one wave of the
+        clusters the GPU holds at once."""
+        grid = TileGrid.of(config, problem.m, problem.n, problem.l)
+        resident = self.device.resident_clusters(config.cluster_m * config.cluster_n)
+        return grid.work_units * config.splits <= resident
 
     def _reads_once_pick(
         self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]
@@ -418,7 +462,7 @@ class RankingModel:
         """The config predicted fastest of those that read the larger operand once, where it
         is at least `ONCE_OPERAND_RATIO` times the smaller, none of `top` does and it is
         predicted within `ONCE_MARGIN` of the fastest; else None."""
-        if not ranked or max(problem.m, problem.n) < ONCE_OPERAND_RATIO * min(problem.m, problem.n):
+        if not ranked or not skewed(problem):
             return None
         if any(reads_larger_once(c, problem) for c in top):
             return None

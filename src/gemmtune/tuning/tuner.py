@@ -351,9 +351,9 @@ class _Tuning:
         """The other cluster shapes the space offers for the best `binaries` binaries within
         `margin` of the best first-pass time, each predicted within `margin` of its leader;
         where the problem is compute-bound, only for leaders whose work is one wave
-        (`one_wave`): on problems of many waves the families' fitted constants, measured on
-        such problems, order the cluster shapes, and the round of compiles (2.3-3 s a tune on
-        4096^2 outputs, H200) found nothing.
+        (`RankingModel.one_wave`): on problems of many waves the families' fitted constants,
+        measured on such problems, order the cluster shapes, and the round of compiles
+        (2.3-3 s a tune on 4096^2 outputs, H200) found nothing.
         The model sees little between a tile's cluster shapes and gives them one place in the
         top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
         of four along a weight's rows lead some, unclustered tiles others)."""
@@ -364,7 +364,7 @@ class _Tuning:
                 break
             leaders.setdefault(r.config.compile_key, in_first_order(r.config))
         if not self.model.memory_bound(self.problem):
-            leaders = {key: c for key, c in leaders.items() if self.one_wave(c)}
+            leaders = {key: c for key, c in leaders.items() if self.model.one_wave(self.problem, c)}
         variants: dict[GemmConfig, None] = {}
         for leader in leaders.values():
             limit = self.model.predict_us(self.problem, leader) * (1 + margin)
@@ -381,13 +381,6 @@ class _Tuning:
                     self.predicted[variant.key] = predicted
         self.bar.total += len(variants)
         return list(variants)
-
-    def one_wave(self, config: GemmConfig) -> bool:
-        """Whether the config's work (its units, times its splits) fits in one wave of the
-        clusters the GPU holds at once."""
-        grid = TileGrid.of(config, self.problem.m, self.problem.n, self.problem.l)
-        items = grid.work_units * config.splits
-        return items <= self.device.resident_clusters(config.cluster_m * config.cluster_n)
 
     def _measure(self, config: GemmConfig, options: RunJob) -> CandidateResult:
         t0 = time.perf_counter()
