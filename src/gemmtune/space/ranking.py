@@ -372,7 +372,9 @@ class RankingModel:
         a place only when predicted faster than its 128-byte ones (at the memory floor, where
         they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
         none of the k reads the larger operand once and a config that does is predicted
-        within `ONCE_MARGIN`, the best such config comes as a (k+1)-th."""
+        within `ONCE_MARGIN`, the best such config comes as a (k+1)-th. Before that, a one-wave
+        config that reads it twice gives its place to its twin that reads it once
+        (`_once_twin`; two that share a twin leave one place empty)."""
         defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
