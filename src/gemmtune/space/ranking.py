@@ -104,8 +104,9 @@ ONCE_MARGIN = 0.25
 #: first) that spans the short side and stays one wave: the families' `c` per item, fitted
 #: where a tile's epilogue overlaps the next tile's mainloop, favours 2x2 and 1x2 shapes there
 #: by 2-4 µs, yet timed the 64-row tiles that read the weight twice ran 15-35 % slower than
-#: their 2x1 shape (`docs/ranking.md`).
-ONCE_TWIN_SHAPES = ((1, 1), (2, 1), (1, 2), (4, 1), (1, 4), (2, 2))
+#: their 2x1 shape (`docs/ranking.md`). (A single CTA reads once only where the short side is
+#: one tile, and there every shape does.)
+ONCE_TWIN_SHAPES = ((2, 1), (1, 2), (4, 1), (1, 4), (2, 2))
 #: How many times the smaller operand's elements the larger must hold for the class to apply:
 #: a weight against a batch of activations. Where the two are alike (small-MN problems split
 #: along K) every config fetches both several times.
