@@ -4,12 +4,13 @@ Reads `results/timings-<gpu>-<date>.json.gz` (`python -m benchmarks timings`), f
 family's (µs per k-tile, µs per item) by weighted least squares on its data-parallel timings,
 picks the split-K wait, compute/memory overlap penalty and HBM re-read fraction of operands
 shared between clusters that rank best (the partial-tile costs are set: `SPLIT_K_COSTS`,
-`STREAM_K_COSTS`), and writes
-`src/gemmtune/space/calibration_sm_90.json`. Then, shape by shape, replays the tuner on the
-measured data: the model's top k configs, the runtime sweep (raster x swizzle) of the best two,
-against the exhaustive best; each shape is also replayed with its own timings left out of the
-fit (leave-one-shape-out), the honest figure for shapes the model has not seen. The table goes
-to `ranking-<gpu>-<date>.json`.
+`STREAM_K_COSTS`), and writes `src/gemmtune/space/calibration_sm_90.json`. Timings of 8-bit
+inputs (`timings --dtype e4m3`) refit the families of 8-bit problems only (`families_8bit`)
+and keep everything else. Then, shape by shape, replays the tuner on the measured data: the
+model's top k configs, the runtime sweep (raster x swizzle) of the best two, against the
+exhaustive best; each shape is also replayed with its own timings left out of the fit
+(leave-one-shape-out), the honest figure for shapes the model has not seen. The table goes to
+`ranking[-<dtype>]-<gpu>-<date>.json`.
 
 A CPU tool, not a suite:
 
@@ -31,7 +32,9 @@ import torch
 from benchmarks.common import RESULTS, gpu_tag
 from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import Arch
+from gemmtune.core.dtypes import EIGHT_BIT, torch_dtype
 from gemmtune.core.problem import GemmProblem, Operand
+from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div
 from gemmtune.kernels.sm90.rules import FITTED_MIN_TILE_N
 from gemmtune.space.ranking import DeviceModel, RankingModel, family
@@ -53,11 +56,32 @@ REREAD_FRACTIONS = (0.0, 0.15, 0.25, 0.5)
 STREAM_K_COSTS = {"stream_k_publish_us_per_kb": 0.04, "stream_k_gather_us_per_kb": 0.02}
 
 
-def problem_of(m: int, n: int, k: int) -> GemmProblem:
-    def operand(rows: int, cols: int) -> Operand:
-        return Operand((rows, cols), (cols, 1), torch.bfloat16, torch.device("cuda", 0), 1 << 20)
+#: What a timings file of each input type timed (`benchmarks/timings.py`): the output's type
+#: and the scaling of an fp8 product.
+OUTPUTS = {"bf16": ("bf16", None), "e4m3": ("bf16", "tensor"), "int8": ("int32", None)}
 
-    return GemmProblem.from_operands(operand(m, k), operand(k, n), arch=Arch.SM90)
+
+def problem_of(m: int, n: int, k: int, dtype: str = "bf16") -> GemmProblem:
+    """The problem a timings row measured: bf16 row-major, 8-bit a row-major and b K-major."""
+    device = torch.device("cuda", 0)
+    out_dtype, scaling = OUTPUTS[dtype]
+
+    def operand(rows: int, cols: int, column_major: bool = False) -> Operand:
+        stride = (1, rows) if column_major else (cols, 1)
+        return Operand((rows, cols), stride, torch_dtype(dtype), device, 1 << 20)
+
+    out = Operand((m, n), (n, 1), torch_dtype(out_dtype), device, 1 << 20)
+    b = operand(k, n, column_major=dtype in EIGHT_BIT)
+    return GemmProblem.from_operands(operand(m, k), b, out, arch=Arch.SM90, scaling=scaling)
+
+
+def timed_dtype(path: Path) -> str:
+    """The input type every row of a timings file has."""
+    with gzip.open(path) as f:
+        found = {row["dtype"] for row in json.load(f)["rows"]}
+    if len(found) != 1:
+        raise SystemExit(f"{path}: rows of {sorted(found)}; fit one input type at a time")
+    return found.pop()
 
 
 def load(path: Path) -> dict[str, list[tuple[GemmConfig, float]]]:
@@ -73,11 +97,13 @@ def load(path: Path) -> dict[str, list[tuple[GemmConfig, float]]]:
     return by_shape
 
 
-def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) -> dict:
-    """Per family, (a, c) minimising the relative error of waves * (a * k_tiles + c). Narrow
-    tiles (decode batches') are left to the model's analytic estimate: the suite's shapes are
-    compute-bound, where they run many waves of little work and say nothing of a decode GEMM's
-    streaming rate."""
+def fit_families(
+    data: dict, device: DeviceModel, leave_out: str | None = None, ab_bytes: int = 2
+) -> dict:
+    """Per family, (a, c) minimising the relative error of waves * (a * k_tiles + c), for
+    inputs of `ab_bytes` bytes. Narrow tiles (decode batches') are left to the model's
+    analytic estimate: the suite's shapes are compute-bound, where they run many waves of
+    little work and say nothing of a decode GEMM's streaming rate."""
     points = defaultdict(list)
     for (shape, m, n, k), timed in data.items():
         if shape == leave_out:
@@ -93,7 +119,8 @@ def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) 
             grid = TileGrid.of(config, m, n, 1)
             resident = device.resident_clusters(config.cluster_m * config.cluster_n)
             waves = ceil_div(grid.work_units, resident)
-            points[family(config)].append((waves * ceil_div(k, 64), waves, micros))
+            k_tiles = ceil_div(k, tile_k(config, ab_bytes))
+            points[family(config)].append((waves * k_tiles, waves, micros))
     families = {}
     for name, rows in points.items():
         x = np.array([[r[0], r[1]] for r in rows], dtype=float)
@@ -107,10 +134,10 @@ def fit_families(data: dict, device: DeviceModel, leave_out: str | None = None) 
     return families
 
 
-def replay(model: RankingModel, shape: tuple, timed: list, top_k: int) -> dict:
+def replay(model: RankingModel, shape: tuple, timed: list, top_k: int, dtype: str = "bf16") -> dict:
     """The tuner's choice on measured data, against the exhaustive best."""
     _, m, n, k = shape
-    problem = problem_of(m, n, k)
+    problem = problem_of(m, n, k, dtype)
     measured = {c.key: t for c, t in timed}
     defaults = [c for c, _ in timed if c.raster is Raster.ALONG_M and c.swizzle == 1]
     picked = model.top_k(problem, defaults, top_k)
@@ -132,23 +159,9 @@ def replay(model: RankingModel, shape: tuple, timed: list, top_k: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.fit_ranking", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("timings", type=Path)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    data = load(args.timings)
-    with gzip.open(args.timings) as f:
-        measured = json.load(f)  # where and when: the ranking file is named for it
-    device = DeviceModel()
-
-    def score(calibration, shapes):
-        model = RankingModel(device, calibration)
-        return [replay(model, s, data[s], args.top_k)["top_k_vs_exhaustive"] for s in shapes]
-
+def fit_16_bit(data: dict, device: DeviceModel, top_k: int) -> dict:
+    """The families fitted to 16-bit timings, with the split-K wait, overlap penalty and
+    re-read fraction that rank best on them (the worst shape first, then the sum)."""
     families = fit_families(data, device)
     best = None
     for wait, penalty, reread in itertools.product(
@@ -162,25 +175,56 @@ def main(argv: list[str] | None = None) -> Path:
             "reread_fraction": reread,
             **STREAM_K_COSTS,
         }
-        ratios = score(calibration, list(data))
+        model = RankingModel(device, calibration)
+        ratios = [replay(model, s, data[s], top_k)["top_k_vs_exhaustive"] for s in data]
         key = (min(ratios), sum(ratios))
         if best is None or key > best[0]:
             best = (key, calibration)
-    calibration = best[1]
-    calibration["fitted_on"] = str(args.timings.name)
+    return best[1]
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fit_ranking", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("timings", type=Path)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    data = load(args.timings)
+    with gzip.open(args.timings) as f:
+        measured = json.load(f)  # where and when: the ranking file is named for it
+    device = DeviceModel()
+    dtype = timed_dtype(args.timings)
+    ab_bytes = torch_dtype(dtype).itemsize
+    shipped = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+    if ab_bytes == 1:
+        families_key = "families_8bit"
+        calibration = dict(shipped, families_8bit=fit_families(data, device, ab_bytes=1))
+        calibration["fitted_8bit_on"] = str(args.timings.name)
+    else:
+        families_key = "families"
+        calibration = fit_16_bit(data, device, args.top_k)
+        calibration["fitted_on"] = str(args.timings.name)
+        calibration.update(
+            {k: v for k, v in shipped.items() if k in ("families_8bit", "fitted_8bit_on")}
+        )
     CALIBRATION.write_text(json.dumps(calibration, indent=0, sort_keys=True) + "\n")
     rows = []
     for shape in data:
-        in_sample = replay(RankingModel(device, calibration), shape, data[shape], args.top_k)
-        held_out = dict(calibration, families=fit_families(data, device, leave_out=shape[0]))
-        loo = replay(RankingModel(device, held_out), shape, data[shape], args.top_k)
+        in_sample = replay(RankingModel(device, calibration), shape, data[shape], args.top_k, dtype)
+        held_out = {
+            **calibration,
+            families_key: fit_families(data, device, leave_out=shape[0], ab_bytes=ab_bytes),
+        }
+        loo = replay(RankingModel(device, held_out), shape, data[shape], args.top_k, dtype)
         rows.append(
             {
                 "shape": shape[0],
                 "m": shape[1],
                 "n": shape[2],
                 "k": shape[3],
-                "dtype": "bf16",
+                "dtype": dtype,
                 "top_k": args.top_k,
                 "candidates_timed_exhaustively": len(data[shape]),
                 **in_sample,
@@ -203,10 +247,11 @@ def main(argv: list[str] | None = None) -> Path:
             "exhaustive best; the model's family constants are least-squares fits to the same "
             "data (also refitted without the shape: leave_shape_out)"
         ),
-        "calibration": {k: v for k, v in calibration.items() if k != "families"},
+        "calibration": {k: v for k, v in calibration.items() if not k.startswith("families")},
         "rows": rows,
     }
-    out = args.out_dir / f"ranking-{gpu_tag(measured['gpu'])}-{measured['date']}.json"
+    suffix = "" if dtype == "bf16" else f"-{dtype}"
+    out = args.out_dir / f"ranking{suffix}-{gpu_tag(measured['gpu'])}-{measured['date']}.json"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {CALIBRATION}")

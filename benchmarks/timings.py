@@ -1,12 +1,15 @@
 """Time every config of the Hopper kernel on every shape of the suite (the exhaustive search).
 
-Every binary the kernel implements (data-parallel, stream-K, split-K), bf16, A/B/out
-row-major; split-K at every split count where the tiles leave SMs idle; then the best binaries
-of each shape swept over raster order and swizzle. Each candidate is verified against a float32
-reference, then timed: CUDA events, 5 ms warm-up, L2 flushed before each run, median of
-`--runs`. The rows are the ground truth the ranking model is measured (and calibrated) against.
+Every binary the kernel implements (data-parallel, stream-K, split-K); split-K at every split
+count where the tiles leave SMs idle; then the best binaries of each shape swept over raster
+order and swizzle. bf16 inputs with A, B and the output row-major, or (`--dtype e4m3|int8`)
+8-bit inputs with A and B K-major as 8-bit WGMMAs read them (`x @ w.t()`): e4m3 with unit-range
+per-tensor scales into bf16, int8 into int32. Each candidate is verified against a float32
+reference (int8: the exact product), then timed: CUDA events, 5 ms warm-up, L2 flushed before
+each run, median of `--runs`. The rows are the ground truth the ranking model is measured (and
+calibrated) against; `--extra 2050x2112x2000,...` adds problems outside the shape suite.
 
-    python -m benchmarks timings --out-dir DIR [--shapes a,b]
+    python -m benchmarks timings --out-dir DIR [--shapes a,b] [--dtype e4m3]
 
 `--match '_(192x|256x160_)' --merge benchmarks/results/timings-....json.gz` times only the
 binaries whose compile key (`GemmConfig.compile_key`, no runtime fields: `_dp$` selects every
@@ -29,7 +32,6 @@ import torch
 
 from benchmarks.common import (
     RESULTS,
-    TOLERANCE,
     compile_and_load,
     kernel_row,
     load_shapes,
@@ -38,47 +40,93 @@ from benchmarks.common import (
 )
 from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import max_active_clusters
-from gemmtune.kernels.launch import launch_args
+from gemmtune.kernels.launch import kernel_scales, launch_args
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
+from gemmtune.measure.runner import random_scales, random_tensor, reference_product
 from gemmtune.measure.timing import L2Flusher, time_cuda
-from gemmtune.measure.verify import relative_error
+from gemmtune.measure.verify import relative_error, tolerance
 from gemmtune.workers.compiler import CompileJob
 
 SUITE_HELP = "every binary timed on the shape suite: the data the ranking model is fitted to"
 
 SPLITS = (2, 3, 4, 6, 8, 12, 16)
 SWEPT_BINARIES = 12
+#: The signature timed per input type: bf16 row-major; 8-bit K-major (what its WGMMAs read),
+#: fp8 scaled per tensor into bf16.
+SIGNATURES = {
+    "bf16": KernelSignature(),
+    "e4m3": KernelSignature("e4m3", "bf16", "k", "k", scaling="tensor"),
+    "int8": KernelSignature("int8", "int32", "k", "k"),
+}
+SIGNATURE_TEXT = {
+    "bf16": "torch.randn bf16, a, b and out row-major",
+    "e4m3": "torch.randn rounded to e4m3, a row-major and b column-major (x @ w.t()), scales "
+    "per tensor from [0.5, 1.5), bf16 out",
+    "int8": "int8 drawn from all 256 values, a row-major and b column-major, int32 out",
+}
 log = logging.getLogger(__name__)
 
 
 class ShapeRun:
     """One shape's tensors and reference; `measure` verifies a config, then times it."""
 
-    def __init__(self, m: int, n: int, k: int, kernels: dict, flush: L2Flusher, runs: int):
-        torch.manual_seed(0)
-        self.m, self.n, self.k = m, n, k
-        self.a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        self.b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        self.out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        self.ref = torch.matmul(self.a.float(), self.b.float())
+    def __init__(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        signature: KernelSignature,
+        kernels: dict,
+        flush: L2Flusher,
+        runs: int,
+    ):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.m, self.n, self.k, self.signature = m, n, k, signature
+        self.a = random_tensor((m, k), signature.ab_torch_dtype, "cuda", gen)
+        if signature.b_major == "k":
+            self.b = random_tensor((n, k), signature.b_torch_dtype, "cuda", gen).t()
+        else:
+            self.b = random_tensor((k, n), signature.b_torch_dtype, "cuda", gen)
+        self.out = torch.empty(m, n, device="cuda", dtype=signature.out_torch_dtype)
+        scales = random_scales(signature, m, n, "cuda", gen)
+        self.scales = kernel_scales(scales)
+        self.ref = reference_product(self.a, self.b, scales)
+        self.tolerance = tolerance(signature.out_torch_dtype, signature.ab_torch_dtype)
         self.kernels, self.flush, self.runs = kernels, flush, runs
 
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
-        kernel = self.kernels[(config.compile_key, "bf16")]
-        args = launch_args(config, self.a.device, self.m, self.n, self.k, 1)
+        kernel = self.kernels[(config.compile_key, self.signature.ab_dtype)]
+        args = launch_args(
+            config, self.a.device, self.m, self.n, self.k, 1, ab_bytes=self.signature.ab_bytes
+        )
 
         def run():
-            kernel(self.a, self.b, self.out, *args)
+            kernel(self.a, self.b, self.out, *self.scales, *args)
 
-        self.out.fill_(float("nan"))
+        if self.out.is_floating_point():
+            self.out.fill_(float("nan"))
+        else:
+            self.out.fill_(torch.iinfo(self.out.dtype).min)
         run()
         err = relative_error(self.out, self.ref)
-        if not err < TOLERANCE:
+        if not err <= self.tolerance:
             return None, err
         return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err
+
+
+def extra_shapes(text: str) -> list[dict]:
+    """Problems named by their sizes, `MxNxK` comma-separated, as shape-suite entries."""
+    shapes = []
+    for item in filter(None, text.split(",")):
+        try:
+            m, n, k = (int(v) for v in item.split("x"))
+        except ValueError:
+            raise SystemExit(f"--extra {item!r}: give MxNxK") from None
+        shapes.append({"name": item, "m": m, "n": n, "k": k})
+    return shapes
 
 
 def rows_kept(rows: list[dict], match: str) -> list[dict]:
@@ -93,6 +141,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--shapes", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--extra", default="", help="more problems, MxNxK comma-separated")
+    parser.add_argument("--dtype", choices=tuple(SIGNATURES), default="bf16")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument(
         "--match", default="", help="time only binaries whose compile key this regex finds"
@@ -105,7 +155,8 @@ def main(argv: list[str] | None = None) -> Path:
         for c in rules.implemented_configs(tuple(Decomposition))
         if re.search(args.match, c.compile_key)
     ]
-    jobs = [CompileJob(c, KernelSignature()) for c in configs]
+    signature = SIGNATURES[args.dtype]
+    jobs = [CompileJob(c, signature) for c in configs]
     start = time.perf_counter()
     kernels, failed_outcomes = compile_and_load(jobs, workers=args.workers)
     log.info("compiled %d kernels in %.1f s", len(jobs), time.perf_counter() - start)
@@ -115,9 +166,9 @@ def main(argv: list[str] | None = None) -> Path:
         f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
         f"{SPLITS} where units < resident clusters) at raster along_m, swizzle 1, then the best "
         f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, 5 ms "
-        f"warm-up, L2 flushed before each run, median of {args.runs} runs; torch.randn bf16; "
-        f"verified against a float32 reference first (ours_ms null: rejected). Compile "
-        f"failures: {failed}"
+        f"warm-up, L2 flushed before each run, median of {args.runs} runs; "
+        f"{SIGNATURE_TEXT[args.dtype]}; verified against a float32 reference first (int8: the "
+        f"exact product; ours_ms null: rejected). Compile failures: {failed}"
     )
     rows = []
     if args.merge:
@@ -129,13 +180,14 @@ def main(argv: list[str] | None = None) -> Path:
             f"{datetime.date.today()}, "
             f"the others' rows from {args.merge.name} (its method: {earlier['method']})"
         )
-    for shape in load_shapes(args.shapes):
+    shapes = load_shapes(args.shapes) if args.shapes or not args.extra else []
+    for shape in shapes + extra_shapes(args.extra):
         m, n, k = shape["m"], shape["n"], shape["k"]
-        run = ShapeRun(m, n, k, kernels, flush, args.runs)
+        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs)
         start = time.perf_counter()
         timed = []
         for config in configs:
-            if (config.compile_key, "bf16") not in kernels:
+            if (config.compile_key, args.dtype) not in kernels:
                 continue
             variants = [config]
             if config.decomposition is Decomposition.SPLIT_K:
@@ -164,7 +216,8 @@ def main(argv: list[str] | None = None) -> Path:
         for ms, config, err in timed:
             rows.append(
                 {
-                    **kernel_row(shape["name"], m, n, k, "bf16", config.key),
+                    **kernel_row(shape["name"], m, n, k, args.dtype, config.key),
+                    "layout": "tn" if signature.b_major == "n" else "tt",
                     "ours_ms": None if ms is None else round(ms, 5),
                     "ours_tflops": None if ms is None else round(tflops(m, n, k, 1, ms), 1),
                     "rel_err": round(err, 6),

@@ -1,7 +1,7 @@
 """The tools that make the ranking model's data: which timings a re-timing run replaces, and
 which families the fit takes (CPU only)."""
 
-from benchmarks.fit_ranking import fit_families
+from benchmarks.fit_ranking import fit_families, problem_of
 from benchmarks.timings import rows_kept
 
 from gemmtune.core.config import GemmConfig
@@ -35,3 +35,23 @@ def test_the_fit_leaves_narrow_tiles_to_the_analytic_estimate():
     assert set(families) == {family(wide)}
     a, c = families[family(wide)]
     assert a > 0 and c >= 0
+
+
+def test_an_8bit_fit_counts_k_tiles_of_128_elements():
+    wide = GemmConfig(tile_m=128, tile_n=128)
+    # one wave each (16 and 64 tiles): times 2 + 0.25 per k-tile of 128 elements
+    data = {
+        ("a", 512, 512, 8192): [(wide, 2 + 0.25 * 64)],
+        ("b", 1024, 1024, 4096): [(wide, 2 + 0.25 * 32)],
+    }
+    a, c = fit_families(data, DeviceModel(), ab_bytes=1)[family(wide)]
+    assert (a, c) == (0.25, 2.0)
+    a16, _ = fit_families(data, DeviceModel())[family(wide)]
+    assert a16 == 0.125
+
+
+def test_8bit_timings_are_replayed_on_the_problem_they_timed():
+    problem = problem_of(128, 6144, 4096, "e4m3")
+    assert (problem.a_major, problem.b_major) == ("k", "k")
+    assert problem.a_dtype.itemsize == 1 and problem.scaling == "tensor"
+    assert problem_of(64, 64, 64).b_major == "n"

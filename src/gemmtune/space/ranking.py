@@ -28,8 +28,13 @@ The model is analytic in its structure and fitted in its constants:
   charge alone would overstate for large tiles.
 `a_f` and `c_f` are fitted per family, by least squares, to measured data-parallel timings
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
-`benchmarks/results/timings-*.json.gz`), B N-major; a width that is not a multiple of 64
-where B gets the full swizzle takes them from the widths around it (`full_swizzle_constants`).
+`benchmarks/results/timings-*.json.gz`): 16-bit inputs with B N-major (`families`), where a
+width that is not a multiple of 64 where B gets the full swizzle takes them from the widths
+around it (`full_swizzle_constants`); 8-bit inputs K-major, as their WGMMAs read them
+(`families_8bit`): their k-tile holds twice the elements at twice the MMA rate, but each
+k-tile's fixed costs (barriers, the producer's issue) weigh twice as much against it, and
+the 16-bit constants ranked 8-bit tiles wrongly (4096^3 in fp8 on an H200: 256x176 first,
+timed 103.0 µs, where 128x256 ran 97.7).
 A family without measurements falls back to the tile's MMA work at an efficiency that grows
 with the tile. Raster order and swizzle are not modelled:
 they are swept by timing, on binaries already compiled; a pick is first run in bands
@@ -57,8 +62,10 @@ from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES
 #: this fraction of the family's time per k-tile.
 NARROW_SWIZZLE_COST = 0.05
 SWIZZLE_ELEMENTS = 64  # 128 bytes of a 16-bit type
-#: The layout the families are fitted on (`python -m benchmarks timings`): row-major a and b.
+#: The layout the families are fitted on (`python -m benchmarks timings`): row-major a and b
+#: for 16-bit inputs, both K-major for 8-bit ones.
 FITTED_MAJORS = ("k", "n")
+FITTED_MAJORS_8BIT = ("k", "k")
 #: A stage 256 bytes deep in K loads each weight row in runs twice as long, and a kernel at the
 #: memory floor streams its operands this much faster: 3-6 % on decode weights of 34-201 MB
 #: with narrow tiles on an H100 (`docs/kernels.md`, serving shapes).
@@ -249,11 +256,19 @@ class RankingModel:
             return self.calibration
         return load_calibration(config.arch)
 
-    def constants(self, config: GemmConfig) -> tuple[float, float, float, float]:
-        """(a: µs per k-tile, c: µs per item, publish: µs per partial written, gather: µs per
-        partial read) for the config's family."""
+    def fitted_families(self, config: GemmConfig, ab_bytes: int = 2) -> tuple[dict, tuple]:
+        """The fitted families that describe `config` on inputs of `ab_bytes` bytes, and the
+        majors of a and b they were timed with: the 8-bit ones where the calibration has them."""
         calibration = self._calibration(config)
-        fitted = calibration.get("families", {}).get(family(config))
+        if ab_bytes == 1 and "families_8bit" in calibration:
+            return calibration["families_8bit"], FITTED_MAJORS_8BIT
+        return calibration.get("families", {}), FITTED_MAJORS
+
+    def constants(self, config: GemmConfig, ab_bytes: int = 2) -> tuple[float, float, float, float]:
+        """(a: µs per k-tile, c: µs per item, publish: µs per partial written, gather: µs per
+        partial read) for the config's family on inputs of `ab_bytes` bytes."""
+        calibration = self._calibration(config)
+        fitted = self.fitted_families(config, ab_bytes)[0].get(family(config))
         tile_kb = config.tile_m * config.tile_n * 4 / 1024
         prefix = "stream_k_" if config.decomposition is Decomposition.STREAM_K else ""
         publish = calibration.get(prefix + "publish_us_per_kb", 0.012) * tile_kb
@@ -276,10 +291,11 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         calibration = self._calibration(config)
-        a, c, publish, gather = self.constants(config)
+        ab_bytes = problem.a_dtype.itemsize
+        a, c, publish, gather = self.constants(config, ab_bytes)
+        families, fitted_majors = self.fitted_families(config, ab_bytes)
         narrow = narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
-        fitted_narrow = narrow_swizzles(config, *FITTED_MAJORS, swap_ab=False)
-        families = calibration.get("families", {})
+        fitted_narrow = narrow_swizzles(config, *fitted_majors, swap_ab=False)
         full = full_swizzle_constants(families, config) if fitted_narrow and not narrow else None
         if full is not None:
             a, c = full
