@@ -13,8 +13,15 @@ calibrated) against; `--extra 2050x2112x2000,...` adds problems outside the shap
 
 `--match '_(192x|256x160_)' --merge benchmarks/results/timings-....json.gz` times only the
 binaries whose compile key (`GemmConfig.compile_key`, no runtime fields: `_dp$` selects every
-data-parallel binary) the regular expression finds, and keeps the earlier file's rows of every
-other binary (after a change to some families only).
+data-parallel binary) the regular expression finds on the shapes named, and keeps the earlier
+file's rows of every other binary and every other shape (after a change to some families, or
+to re-time some shapes).
+
+At the power cap a GPU sets its clocks from the power of the last milliseconds, so a large
+GEMM timed right after a binary that draws less runs faster than it does in steady use: an
+fp8 8192^3 config timed 10-15 % faster after a direct-store binary than in a later sweep with
+a 5 ms warm-up. `--warmup-ms` (40 and more for such shapes) lets each config reach its own
+clocks first.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ class ShapeRun:
         kernels: dict,
         flush: L2Flusher,
         runs: int,
+        warmup_ms: float = 5.0,
     ):
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.m, self.n, self.k, self.signature = m, n, k, signature
@@ -94,7 +102,7 @@ class ShapeRun:
         self.scales = kernel_scales(scales)
         self.ref = reference_product(self.a, self.b, scales)
         self.tolerance = tolerance(signature.out_torch_dtype, signature.ab_torch_dtype)
-        self.kernels, self.flush, self.runs = kernels, flush, runs
+        self.kernels, self.flush, self.runs, self.warmup_ms = kernels, flush, runs, warmup_ms
 
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
@@ -114,7 +122,8 @@ class ShapeRun:
         err = relative_error(self.out, self.ref)
         if not err <= self.tolerance:
             return None, err
-        return time_cuda(run, warmup_ms=5, runs=self.runs, flush=self.flush).median_ms, err
+        timing = time_cuda(run, warmup_ms=self.warmup_ms, runs=self.runs, flush=self.flush)
+        return timing.median_ms, err
 
 
 def extra_shapes(text: str) -> list[dict]:
@@ -129,11 +138,17 @@ def extra_shapes(text: str) -> list[dict]:
     return shapes
 
 
-def rows_kept(rows: list[dict], match: str) -> list[dict]:
+def rows_kept(rows: list[dict], match: str, shapes: set[str] | None = None) -> list[dict]:
     """The rows of an earlier timings file that a run re-timing the binaries whose compile key
-    `match` finds leaves standing: matched like the binaries themselves, on the compile key
-    (a row's `config` is a full key, whose runtime fields end it)."""
-    return [r for r in rows if not re.search(match, GemmConfig.from_key(r["config"]).compile_key)]
+    `match` finds, on `shapes` (by default every shape), leaves standing: matched like the
+    binaries themselves, on the compile key (a row's `config` is a full key, whose runtime
+    fields end it)."""
+    return [
+        r
+        for r in rows
+        if (shapes is not None and r["shape"] not in shapes)
+        or not re.search(match, GemmConfig.from_key(r["config"]).compile_key)
+    ]
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -148,6 +163,7 @@ def main(argv: list[str] | None = None) -> Path:
         "--match", default="", help="time only binaries whose compile key this regex finds"
     )
     parser.add_argument("--merge", type=Path, help="earlier timings: keep its other rows")
+    parser.add_argument("--warmup-ms", type=float, default=5.0, help="per config and shape")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = [
@@ -165,25 +181,27 @@ def main(argv: list[str] | None = None) -> Path:
     method = (
         f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
         f"{SPLITS} where units < resident clusters) at raster along_m, swizzle 1, then the best "
-        f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, 5 ms "
-        f"warm-up, L2 flushed before each run, median of {args.runs} runs; "
+        f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, "
+        f"{args.warmup_ms:g} ms warm-up, L2 flushed before each run, median of {args.runs} runs; "
         f"{SIGNATURE_TEXT[args.dtype]}; verified against a float32 reference first (int8: the "
         f"exact product; ours_ms null: rejected). Compile failures: {failed}"
     )
     rows = []
+    shapes = load_shapes(args.shapes) if args.shapes or not args.extra else []
+    shapes += extra_shapes(args.extra)
     if args.merge:
         with gzip.open(args.merge) as f:
             earlier = json.load(f)
-        rows = rows_kept(earlier["rows"], args.match)
+        names = {shape["name"] for shape in shapes}
+        rows = rows_kept(earlier["rows"], args.match, names)
         method += (
             f"; binaries with '{args.match}' in their compile key timed on "
-            f"{datetime.date.today()}, "
-            f"the others' rows from {args.merge.name} (its method: {earlier['method']})"
+            f"{datetime.date.today()} on {', '.join(sorted(names))}, the other rows from "
+            f"{args.merge.name} (its method: {earlier['method']})"
         )
-    shapes = load_shapes(args.shapes) if args.shapes or not args.extra else []
-    for shape in shapes + extra_shapes(args.extra):
+    for shape in shapes:
         m, n, k = shape["m"], shape["n"], shape["k"]
-        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs)
+        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs, args.warmup_ms)
         start = time.perf_counter()
         timed = []
         for config in configs:

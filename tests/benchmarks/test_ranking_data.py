@@ -24,6 +24,16 @@ def test_a_merge_replaces_the_rows_of_every_binary_it_re_times():
     assert rows_kept(rows, "_sk$") == [rows[0], rows[1], rows[3]]
 
 
+def test_a_merge_on_named_shapes_keeps_every_row_of_the_others():
+    rows = [
+        {"shape": "sq8192", "config": "sm90_128x128_c1x1_coop_tma_dp_rm_s1"},
+        {"shape": "sq8192", "config": "sm90_128x128_c1x1_coop_tma_sk4_rm_s1"},
+        {"shape": "sq2048", "config": "sm90_128x128_c1x1_coop_tma_dp_rm_s1"},
+    ]
+    assert rows_kept(rows, "_dp$", {"sq8192"}) == rows[1:]
+    assert rows_kept(rows, "", {"sq8192"}) == rows[2:]
+
+
 def test_the_fit_leaves_narrow_tiles_to_the_analytic_estimate():
     wide = GemmConfig(tile_m=128, tile_n=128)
     narrow = GemmConfig(tile_m=128, tile_n=32)
