@@ -344,7 +344,7 @@ def test_a_one_wave_config_that_reads_the_weight_twice_gives_its_place_to_its_tw
     space = candidates(p, orders=False)
     top = model.top_k(p, space, 8)
     assert "sm90_64x96_c2x1_pp_tma_dp" in {c.compile_key for c in top}
-    assert len(top) == len(set(top)) == 8
+    assert len(top) == len(set(top)) <= 8  # two that share a twin leave a place empty
     one_wave = [c for c in top if c.decomposition.value == "data_parallel"]
     assert all(reads_larger_once(c, p) for c in one_wave if model.one_wave(p, c))
     # 333 rows: the swapped 64x176 in clusters of 1x2 (14.1 µs against 17.3 in 2x1) comes in
