@@ -31,10 +31,6 @@ def problem(m, n, k, linear=False):
 
 
 FLAT = {"families": {}, "publish_us_per_kb": 0.01, "gather_us_per_kb": 0.01}
-#: The shipped calibration as it ranks 8-bit problems where no 8-bit timings were fitted.
-SIXTEEN_BIT_FAMILIES_ONLY = {
-    k: v for k, v in load_calibration("sm_90").items() if k != "families_8bit"
-}
 
 
 def test_calibration_ships_every_sm90_family_but_the_narrow_ones():
@@ -47,12 +43,6 @@ def test_calibration_ships_every_sm90_family_but_the_narrow_ones():
     assert wide <= set(calibration["families"])
     assert narrow and not narrow & set(calibration["families"])
     assert all(a > 0 and c >= 0 for a, c in calibration["families"].values())
-
-
-def test_calibration_ships_8bit_families_for_the_same_tiles():
-    calibration = load_calibration("sm_90")
-    assert set(calibration["families_8bit"]) == set(calibration["families"])
-    assert all(a > 0 and c >= 0 for a, c in calibration["families_8bit"].values())
 
 
 def test_8bit_problems_are_predicted_from_the_8bit_families_and_others_are_not():
@@ -308,11 +298,10 @@ def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypa
     # multicast to both tiles of the 333 rows) 14.1 µs, in clusters of 2x1 17.3, the tuned
     # 128x112 15.2-15.6; the model's favourite fetches the weight in three clusters, and so
     # does every config of its top 8 but for the twins that take places in it: without them,
-    # the best that fetches it once is timed as a ninth (so it was with the 16-bit families
-    # alone; the 8-bit ones rank it first)
+    # the best that fetches it once is timed as a ninth
     monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
     p = fp8_linear(333, 4096, 4096)
-    model = RankingModel(calibration=SIXTEEN_BIT_FAMILIES_ONLY)
+    model = RankingModel()
     space = candidates(p, orders=False)
     ranked = [c for _, c in model.rank(p, space)]
     assert not reads_larger_once(ranked[0], p)
@@ -344,16 +333,14 @@ def test_a_one_wave_config_that_reads_the_weight_twice_gives_its_place_to_its_tw
     space = candidates(p, orders=False)
     top = model.top_k(p, space, 8)
     assert "sm90_64x96_c2x1_pp_tma_dp" in {c.compile_key for c in top}
-    assert len(top) == len(set(top)) <= 8  # two that share a twin leave a place empty
+    assert len(top) == len(set(top)) == 8
     one_wave = [c for c in top if c.decomposition.value == "data_parallel"]
     assert all(reads_larger_once(c, p) for c in one_wave if model.one_wave(p, c))
     # 333 rows: the swapped 64x176 in clusters of 1x2 (14.1 µs against 17.3 in 2x1) comes in
-    # as a twin (with the 16-bit families; the 8-bit ones rank it first), and the top 8 needs
-    # no ninth
+    # as a twin, and the top 8 needs no ninth
     p = fp8_linear(333, 4096, 4096)
-    for calibration in (SIXTEEN_BIT_FAMILIES_ONLY, None):
-        top = RankingModel(calibration=calibration).top_k(p, candidates(p, orders=False), 8)
-        assert len(top) <= 8 and "sm90_64x176_c1x2_swap_pp_tma_dp" in {c.compile_key for c in top}
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert len(top) == 8 and "sm90_64x176_c1x2_swap_pp_tma_dp" in {c.compile_key for c in top}
     # problems that are not skewed, or of many waves, keep their top 8
     for other in (problem(4096, 4096, 4096), problem(16, 28672, 4096, linear=True)):
         space = candidates(other, orders=False)

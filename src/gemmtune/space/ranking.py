@@ -30,11 +30,11 @@ The model is analytic in its structure and fitted in its constants:
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`): 16-bit inputs with B N-major (`families`), where a
 width that is not a multiple of 64 where B gets the full swizzle takes them from the widths
-around it (`full_swizzle_constants`); 8-bit inputs K-major, as their WGMMAs read them
-(`families_8bit`): their k-tile holds twice the elements at twice the MMA rate, but each
-k-tile's fixed costs (barriers, the producer's issue) weigh twice as much against it, and
-the 16-bit constants ranked 8-bit tiles wrongly (4096^3 in fp8 on an H200: 256x176 first,
-timed 103.0 µs, where 128x256 ran 97.7).
+around it (`full_swizzle_constants`). 8-bit problems take `families_8bit` where the
+calibration holds them (fitted to 8-bit timings, A and B K-major as their WGMMAs read them),
+else the 16-bit families: a k-tile is 128 bytes of K either way, twice the elements at twice
+the MMA rate. The shipped calibration holds none: fits to fp8 timings reordered the top k
+without a gain on the suites (`docs/ranking.md`).
 A family without measurements falls back to the tile's MMA work at an efficiency that grows
 with the tile. Raster order and swizzle are not modelled:
 they are swept by timing, on binaries already compiled; a pick is first run in bands
