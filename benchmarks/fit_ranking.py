@@ -75,10 +75,9 @@ def problem_of(m: int, n: int, k: int, dtype: str = "bf16") -> GemmProblem:
     return GemmProblem.from_operands(operand(m, k), b, out, arch=Arch.SM90, scaling=scaling)
 
 
-def timed_dtype(path: Path) -> str:
-    """The input type every row of a timings file has."""
-    with gzip.open(path) as f:
-        found = {row["dtype"] for row in json.load(f)["rows"]}
+def timed_dtype(doc: dict, path: Path) -> str:
+    """The input type every row of the timings file `doc` (read from `path`) has."""
+    found = {row["dtype"] for row in doc["rows"]}
     if len(found) != 1:
         raise SystemExit(f"{path}: rows of {sorted(found)}; fit one input type at a time")
     return found.pop()
@@ -195,7 +194,7 @@ def main(argv: list[str] | None = None) -> Path:
     with gzip.open(args.timings) as f:
         measured = json.load(f)  # where and when: the ranking file is named for it
     device = DeviceModel()
-    dtype = timed_dtype(args.timings)
+    dtype = timed_dtype(measured, args.timings)
     ab_bytes = torch_dtype(dtype).itemsize
     shipped = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
     if ab_bytes == 1:

@@ -62,7 +62,7 @@ from gemmtune.measure.runner import (
     torch_product,
 )
 from gemmtune.measure.timing import L2Flusher, time_cuda, time_in_windows
-from gemmtune.measure.verify import relative_error, tolerance
+from gemmtune.measure.verify import check, poison
 from gemmtune.workers.compiler import CompileJob
 
 SUITE_HELP = "every binary timed on the shape suite: the data the ranking model is fitted to"
@@ -117,7 +117,6 @@ class ShapeRun:
             torch_product(self.a, self.b, scales, self.out.dtype)
 
         self.contender = contender
-        self.tolerance = tolerance(signature.out_torch_dtype, signature.ab_torch_dtype)
         self.kernels, self.flush, self.runs, self.warmup_ms = kernels, flush, runs, warmup_ms
 
     def measure(self, config) -> tuple[float | None, float]:
@@ -130,13 +129,10 @@ class ShapeRun:
         def run():
             kernel(self.a, self.b, self.out, *self.scales, *args)
 
-        if self.out.is_floating_point():
-            self.out.fill_(float("nan"))
-        else:
-            self.out.fill_(torch.iinfo(self.out.dtype).min)
+        poison(self.out)
         run()
-        err = relative_error(self.out, self.ref)
-        if not err <= self.tolerance:
+        ok, err = check(self.out, self.ref, self.signature.ab_torch_dtype)
+        if not ok:
             return None, err
         if self.window_ms:
             _, timing = time_in_windows(

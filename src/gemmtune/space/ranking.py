@@ -267,8 +267,12 @@ class RankingModel:
     def constants(self, config: GemmConfig, ab_bytes: int = 2) -> tuple[float, float, float, float]:
         """(a: µs per k-tile, c: µs per item, publish: µs per partial written, gather: µs per
         partial read) for the config's family on inputs of `ab_bytes` bytes."""
+        return self._constants(config, self.fitted_families(config, ab_bytes)[0])
+
+    def _constants(self, config: GemmConfig, families: dict) -> tuple[float, float, float, float]:
+        """`constants` from the fitted `families` that describe the problem's inputs."""
         calibration = self._calibration(config)
-        fitted = self.fitted_families(config, ab_bytes)[0].get(family(config))
+        fitted = families.get(family(config))
         tile_kb = config.tile_m * config.tile_n * 4 / 1024
         prefix = "stream_k_" if config.decomposition is Decomposition.STREAM_K else ""
         publish = calibration.get(prefix + "publish_us_per_kb", 0.012) * tile_kb
@@ -291,9 +295,8 @@ class RankingModel:
 
     def predict_us(self, problem: GemmProblem, config: GemmConfig) -> float:
         calibration = self._calibration(config)
-        ab_bytes = problem.a_dtype.itemsize
-        a, c, publish, gather = self.constants(config, ab_bytes)
-        families, fitted_majors = self.fitted_families(config, ab_bytes)
+        families, fitted_majors = self.fitted_families(config, problem.a_dtype.itemsize)
+        a, c, publish, gather = self._constants(config, families)
         narrow = narrow_swizzles(config, problem.a_major, problem.b_major, config.swap_ab)
         fitted_narrow = narrow_swizzles(config, *fitted_majors, swap_ab=False)
         full = full_swizzle_constants(families, config) if fitted_narrow and not narrow else None
