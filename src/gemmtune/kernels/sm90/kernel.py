@@ -36,7 +36,7 @@ from gemmtune.kernels.reduction import (
     publish_partial,
     reduce_share,
 )
-from gemmtune.kernels.scaling import scale_accumulators
+from gemmtune.kernels.scaling import scale_accumulators, stage_tile_scales, wait_tile_scales
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
@@ -494,7 +494,17 @@ class HopperGemm:
                 barrier_id,
                 self.out_dtype,
             )
-        if cutlass.const_expr(not self.config.tma_store or self.scatters or self.per_row):
+        scale_buffer = None
+        tile_coords = None
+        if cutlass.const_expr(self.per_row):
+            groups = 1 if self.cooperative else self.consumers
+            scale_buffers = smem.allocate_tensor(
+                cutlass.Float32, cute.make_layout((tile_m + tile_n, groups)), 16
+            )
+            group = 0 if self.cooperative else consumer
+            scale_buffer = scale_buffers[(None, group)]
+            tile_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+        if cutlass.const_expr(not self.config.tma_store or self.scatters):
             coords = cute.local_tile(
                 cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
             )
@@ -535,6 +545,21 @@ class HopperGemm:
                     cute.arch.barrier(
                         barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg
                     )
+                if cutlass.const_expr(self.per_row):
+                    # The group's threads have all read the buffer's last tile: ping-pong's
+                    # order barrier just waited for each of them, cooperative warpgroups wait.
+                    if cutlass.const_expr(self.cooperative):
+                        group_barrier.arrive_and_wait()
+                    stage_tile_scales(
+                        scale_buffer,
+                        row_scale,
+                        col_scale,
+                        (tile_m, tile_n),
+                        (tile_m_idx * tile_m, tile_n_idx * tile_n),
+                        (mC.shape[0], mC.shape[1]),
+                        thread_in_group,
+                        group_threads,
+                    )
                 if cutlass.const_expr(self.promoted):
                     read_state = mainloop.mma_tile_promoted(
                         ab_pipeline,
@@ -568,17 +593,15 @@ class HopperGemm:
                     mainloop.drain(ab_pipeline, release_state)
                 if cutlass.const_expr(self.applies_scales):
                     # scaling is linear: each split's partial is scaled before the reduction
-                    tile_coords = None
                     if cutlass.const_expr(self.per_row):
-                        tile_coords = thr_mma.partition_C(
-                            coords[(None, None, tile_m_idx, tile_n_idx, batch)]
-                        )
+                        wait_tile_scales(group_barrier)
                     scale_accumulators(
                         accumulators,
                         tile_coords,
                         row_scale,
                         col_scale,
-                        (mC.shape[0], mC.shape[1]),
+                        scale_buffer,
+                        tile_m,
                         self.per_row,
                     )
                 final = True

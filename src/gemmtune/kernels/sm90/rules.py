@@ -92,12 +92,14 @@ class SmemPlan:
     ab_stage_bytes: int
     epi_stage_bytes: int
     epi_group: int = 1  # sub-tiles the epilogue stores per barrier, at most
+    scale_bytes: int = 0  # per-row fp8 scales of the tiles in flight (`scale_buffer_bytes`)
 
     @property
     def total_bytes(self) -> int:
         return (
             self.ab_stages * self.ab_stage_bytes
             + self.epi_stages * self.epi_stage_bytes
+            + self.scale_bytes
             + SMEM_RESERVED
         )
 
@@ -151,16 +153,28 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
     return mma_tile_m(config), EPI_TILE_N if config.tile_n % EPI_TILE_N == 0 else 16
 
 
+def scale_buffer_bytes(config: GemmConfig, signature: KernelSignature) -> int:
+    """Shared memory for per-row fp8 scales: each tile's row and column scales are copied
+    there while its mainloop runs (`kernels/scaling.py`), one buffer per consumer group
+    (two for ping-pong, whose warpgroups hold tiles of their own)."""
+    if signature.scaling != "row":
+        return 0
+    groups = 1 if config.schedule is Schedule.COOPERATIVE else 2
+    return groups * (config.tile_m + config.tile_n) * 4
+
+
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest, then what those leave to more epilogue buffers."""
     ab_stage_bytes = (config.tile_m + config.tile_n) * config.stage_k_bytes
+    scale_bytes = scale_buffer_bytes(config, signature)
+    capacity = SMEM_CAPACITY - SMEM_RESERVED - scale_bytes
 
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
-        return (SMEM_CAPACITY - SMEM_RESERVED - epi_stages * epi_stage_bytes) // ab_stage_bytes
+        return (capacity - epi_stages * epi_stage_bytes) // ab_stage_bytes
 
     if not config.tma_store:
-        return SmemPlan(ab_stages(0, 0), 0, ab_stage_bytes, 0)
+        return SmemPlan(ab_stages(0, 0), 0, ab_stage_bytes, 0, scale_bytes=scale_bytes)
     epi_m, epi_n = epi_tile(config)
     epi_stage_bytes = epi_m * epi_n * signature.out_bytes
     subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
@@ -173,15 +187,15 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     stages = ab_stages(epi_stages, epi_stage_bytes)
     tiles_shared = config.decomposition is not Decomposition.DATA_PARALLEL
     if tiles_shared and accumulator_registers(config) >= STREAM_K_GROUPED_EPILOGUE_SPILLS:
-        return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes)
+        return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes, 1, scale_bytes)
     # What the A/B stages leave goes to more buffers, up to two tiles' worth, and the epilogue
     # stores its sub-tiles in groups, one barrier and one fence per group. Two groups and one
     # store more fit the buffers, so that claiming a group's buffers never waits for the
     # stores just issued.
-    spare = SMEM_CAPACITY - SMEM_RESERVED - stages * ab_stage_bytes
+    spare = capacity - stages * ab_stage_bytes
     epi_stages = max(epi_stages, min(2 * subtiles, spare // epi_stage_bytes))
     group = max(1, (epi_stages - 1) // 2)
-    return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group)
+    return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group, scale_bytes)
 
 
 def implements(config: GemmConfig) -> str | None:
