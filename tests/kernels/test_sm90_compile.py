@@ -116,6 +116,22 @@ def test_every_signature_compiles(pool):
     _check(pool, [j for j in jobs if j not in refused])
 
 
+@needs_nvdisasm
+def test_wide_per_row_binaries_compile_without_spills(pool):
+    """Per-row scales are read from shared memory (`scaling.stage_tile_scales`): the binaries
+    that spilled reading them from global memory after the mainloop (34 local-memory
+    operations at 128x176 ping-pong, 38 at 256x176 cooperative, 27 split by 2) do not."""
+    row = KernelSignature("e4m3", "bf16", "k", "k", "n", False, scaling="row")
+    configs = [
+        GemmConfig(tile_m=128, tile_n=176, schedule="pingpong", cluster_n=2),
+        GemmConfig(tile_m=256, tile_n=176),
+        GemmConfig(tile_m=256, tile_n=160, decomposition="stream_k"),
+        GemmConfig(tile_m=128, tile_n=160, schedule="pingpong", decomposition="split_k", splits=2),
+        GemmConfig(tile_m=128, tile_n=160, schedule="pingpong", tma_store=False),
+    ]
+    _check(pool, [CompileJob(config, row) for config in configs])
+
+
 #: outputs TMA cannot store (`out_aligned` false): every output type, both majors, both ranks
 UNALIGNED_SIGNATURES = [
     KernelSignature("bf16", "bf16", "k", "k", "n", out_aligned=False),
