@@ -27,13 +27,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from benchmarks.common import RESULTS, gpu_tag
 from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import Arch
 from gemmtune.core.dtypes import EIGHT_BIT, torch_dtype
-from gemmtune.core.problem import GemmProblem, Operand
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div
 from gemmtune.kernels.sm90.rules import FITTED_MIN_TILE_N
@@ -63,16 +62,18 @@ OUTPUTS = {"bf16": ("bf16", None), "e4m3": ("bf16", "tensor"), "int8": ("int32",
 
 def problem_of(m: int, n: int, k: int, dtype: str = "bf16") -> GemmProblem:
     """The problem a timings row measured: bf16 row-major, 8-bit a row-major and b K-major."""
-    device = torch.device("cuda", 0)
     out_dtype, scaling = OUTPUTS[dtype]
-
-    def operand(rows: int, cols: int, column_major: bool = False) -> Operand:
-        stride = (1, rows) if column_major else (cols, 1)
-        return Operand((rows, cols), stride, torch_dtype(dtype), device, 1 << 20)
-
-    out = Operand((m, n), (n, 1), torch_dtype(out_dtype), device, 1 << 20)
-    b = operand(k, n, column_major=dtype in EIGHT_BIT)
-    return GemmProblem.from_operands(operand(m, k), b, out, arch=Arch.SM90, scaling=scaling)
+    return GemmProblem.of_shape(
+        m,
+        n,
+        k,
+        dtype=torch_dtype(dtype),
+        out_dtype=torch_dtype(out_dtype),
+        layout="tt" if dtype in EIGHT_BIT else "tn",
+        device="cuda:0",
+        arch=Arch.SM90,
+        scaling=scaling,
+    )
 
 
 def timed_dtype(doc: dict, path: Path) -> str:

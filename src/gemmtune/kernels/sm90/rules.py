@@ -187,7 +187,9 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     stages = ab_stages(epi_stages, epi_stage_bytes)
     tiles_shared = config.decomposition is not Decomposition.DATA_PARALLEL
     if tiles_shared and accumulator_registers(config) >= STREAM_K_GROUPED_EPILOGUE_SPILLS:
-        return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes, 1, scale_bytes)
+        return SmemPlan(
+            stages, epi_stages, ab_stage_bytes, epi_stage_bytes, scale_bytes=scale_bytes
+        )
     # What the A/B stages leave goes to more buffers, up to two tiles' worth, and the epilogue
     # stores its sub-tiles in groups, one barrier and one fence per group. Two groups and one
     # store more fit the buffers, so that claiming a group's buffers never waits for the
@@ -195,7 +197,9 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     spare = capacity - stages * ab_stage_bytes
     epi_stages = max(epi_stages, min(2 * subtiles, spare // epi_stage_bytes))
     group = max(1, (epi_stages - 1) // 2)
-    return SmemPlan(stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group, scale_bytes)
+    return SmemPlan(
+        stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group, scale_bytes=scale_bytes
+    )
 
 
 def implements(config: GemmConfig) -> str | None:
