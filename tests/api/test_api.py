@@ -1,5 +1,7 @@
 """tuned_gemm's modes and caches on the CPU: problems described by Operands, a fake tuner."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,11 +27,22 @@ def problem(m, n, k):
 
 
 class FakeTuner:
+    """Tunes every bucket to TUNED (GemmConfig() second); a check of a shape (`configs` given)
+    times what it is given, the last of them fastest."""
+
     def __init__(self):
         self.calls = 0
+        self.checks: list[list[GemmConfig]] = []
 
-    def __call__(self, p):
+    def __call__(self, p, configs=None):
         self.calls += 1
+        if configs is not None:
+            self.checks.append(configs)
+            results = [
+                CandidateResult(c, 1.0, 0.3 - 0.01 * i, 1e-3, final_ms=0.3 - 0.01 * i)
+                for i, c in enumerate(configs)
+            ]
+            return TuneResult(p, configs[-1], results[-1].final_ms, 1e-3, results, 1, 0, 0, 0, 1)
         results = [
             CandidateResult(TUNED, 1.0, 0.20, 1e-3, final_ms=0.21),
             CandidateResult(GemmConfig(), 2.0, 0.30, 1e-3, final_ms=0.31),
@@ -52,7 +65,8 @@ def dispatcher(request, chooser):
     return Dispatcher(chooser, NATIVE_SIGNATURE if request.param == "native" else None)
 
 
-def test_tune_mode_tunes_once_per_bucket_then_hits(chooser):
+def test_tune_mode_tunes_once_per_bucket_then_hits(chooser, monkeypatch):
+    monkeypatch.setenv("GEMMTUNE_SHAPE_CHECK", "0")
     assert chooser.config_for(problem(4000, 4000, 4000), "tune") == TUNED
     assert chooser.config_for(problem(4096, 3000, 2100), "tune") == TUNED  # same bucket
     assert chooser.tuner.calls == 1
@@ -336,3 +350,84 @@ def test_int_mm_hands_torch_int_mm_what_our_kernels_cannot_take(monkeypatch):
                 outcomes.append(str(error))
         theirs, ours = outcomes
         assert ours == theirs if isinstance(ours, str) else torch.equal(ours, theirs)
+
+
+def test_another_shape_of_a_tuned_bucket_is_checked_once_on_itself(chooser, monkeypatch):
+    """In mode tune a shape of the bucket other than the tuned one times the bucket's configs
+    on itself; the winner is stored under the shape's own key and served from then on, in
+    mode cache-only too. The tuned shape itself is never checked."""
+    monkeypatch.delenv("GEMMTUNE_SHAPE_CHECK", raising=False)
+    tuned, other = problem(4000, 4000, 4000), problem(3000, 2112, 4096)
+    assert chooser.config_for(tuned, "tune") == TUNED
+    assert chooser.config_for(tuned, "tune") == TUNED and chooser.tuner.calls == 1
+    assert chooser.tuner.checks == []
+    # the check times the bucket's two configs; the fake times the last given fastest
+    winner = chooser.config_for(other, "tune")
+    ((timed),) = chooser.tuner.checks
+    assert set(timed) == {TUNED, GemmConfig()} and winner == timed[-1]
+    keys = [key for key, _ in chooser.results.items()]
+    assert chooser.shape_key(other) in keys and len(keys) == 2
+    assert chooser.shape_key(other).startswith("shape_m3000_n2112_k4096_2d|bf16_bf16")
+    shape_record = chooser.results.lookup(chooser.shape_key(other))
+    bucket_record = chooser.results.lookup(chooser.bucket_key(tuned))
+    assert shape_record.shape == (3000, 2112, 4096, 1)
+    assert shape_record.bucket_tuned_at == bucket_record.tuned_at
+    assert "bucket tuned on 4000x4000x4000x1" in shape_record.how
+    # held: served without timing again, in either mode
+    assert chooser.config_for(other, "tune") == winner
+    assert chooser.config_for(other, "cache-only") == winner
+    assert chooser.tuner.calls == 2
+
+
+def test_a_check_goes_stale_when_its_bucket_is_tuned_again(chooser, monkeypatch):
+    monkeypatch.delenv("GEMMTUNE_SHAPE_CHECK", raising=False)
+    tuned, other = problem(4000, 4000, 4000), problem(3000, 2112, 4096)
+    chooser.config_for(tuned, "tune")
+    winner = chooser.config_for(other, "tune")
+    assert winner != TUNED and len(chooser.tuner.checks) == 1
+    retuned = dataclasses.replace(chooser.results.lookup(chooser.bucket_key(tuned)), tuned_at=2e9)
+    chooser.results.store(chooser.bucket_key(tuned), retuned)
+    # cache-only does not check: the record alone decides (TUNED, scaled)
+    assert chooser.config_for(other, "cache-only") == ConfigChooser.for_shape(retuned, other)
+    assert len(chooser.tuner.checks) == 1
+    assert chooser.config_for(other, "tune") == winner and len(chooser.tuner.checks) == 2
+    fresh = chooser.results.lookup(chooser.shape_key(other))
+    assert fresh.bucket_tuned_at == 2e9
+
+
+def test_a_check_that_cublas_wins_serves_torch_matmul(tmp_path, monkeypatch):
+    from gemmtune.core.config import CUBLAS
+
+    monkeypatch.delenv("GEMMTUNE_SHAPE_CHECK", raising=False)
+
+    class CublasWinsChecks(FakeTuner):
+        def __call__(self, p, configs=None):
+            result = super().__call__(p, configs)
+            if configs is not None:
+                result.cublas_ms = 0.1
+            return result
+
+    chooser = ConfigChooser(
+        ResultsCache(tmp_path / "r.sqlite"), tuner=CublasWinsChecks(), environment=lambda i: H200
+    )
+    assert chooser.config_for(problem(4000, 4000, 4000), "tune") == TUNED
+    assert chooser.config_for(problem(3000, 2112, 4096), "tune") is None
+    record = chooser.results.lookup(chooser.shape_key(problem(3000, 2112, 4096)))
+    assert record.config == CUBLAS
+
+
+def test_shape_contenders_are_the_records_best_for_the_shape_without_cublas():
+    """The record's kernels ranked by their times scaled to the new shape: at 3072 x 3072 a
+    256x128 tile leaves the last wave 18% full, and the 128x128 tile, measured 1% slower at
+    4096^3, leads; torch.matmul is left to the check's own final."""
+    from gemmtune.api.choice import SHAPE_CHECK_CONFIGS, shape_contenders
+    from gemmtune.core.config import CUBLAS
+
+    big, small = GemmConfig(tile_m=256, tile_n=128), GemmConfig(tile_m=128, tile_n=128)
+    others = [GemmConfig(tile_m=128, tile_n=n) for n in (64, 96, 160)]
+    measured = [(big.key, 1.00), (CUBLAS, 1.005), (small.key, 1.01)]
+    measured += [(c.key, 1.5 + i) for i, c in enumerate(others)]
+    record = record_of(measured, (4096, 4096, 4096, 1))
+    contenders = shape_contenders(record, problem(3072, 3072, 4096))
+    assert len(contenders) == SHAPE_CHECK_CONFIGS == 3
+    assert contenders[:2] == [small, big] and CUBLAS not in [c.key for c in contenders]

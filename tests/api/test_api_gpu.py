@@ -16,6 +16,7 @@ from gemmtune.api.dispatch import Dispatcher
 from gemmtune.cache.kernels import KernelCache
 from gemmtune.cache.results import ResultsCache
 from gemmtune.core.config import Decomposition, GemmConfig
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.launch import WORKSPACES
 from gemmtune.measure.verify import check
 
@@ -36,7 +37,11 @@ def test_tuned_gemm_tunes_with_cublas_as_a_candidate_then_hits(tmp_path):
     a2 = torch.randn(1800, 1000, device="cuda", dtype=torch.bfloat16)  # same bucket
     b2 = torch.randn(1000, 3000, device="cuda", dtype=torch.bfloat16)
     assert check(d(a2, b2), a2.float() @ b2.float())[0]
-    assert len(d.chooser.results_cache().items()) == 1  # no second tuning
+    # no second tune: the bucket's configs were checked on the new shape, beside torch.matmul
+    bucket, shape = d.chooser.results_cache().items()
+    assert bucket[1] == record and shape[0] == d.chooser.shape_key(GemmProblem.from_tensors(a2, b2))
+    assert "checked on its shape" in shape[1].how and "torch.matmul" in shape[1].how
+    assert shape[1].shape == (1800, 3000, 1000, 1) and shape[1].bucket_tuned_at == record.tuned_at
 
 
 class FixedChooser(ConfigChooser):

@@ -167,3 +167,33 @@ def test_a_bucket_whose_tune_fails_leaves_the_others_tuned(tmp_path, caplog):
     assert tuner.tuned == [1, 64]
     assert [row.config is not None for row in outcome.rows] == [True, False, True]
     assert "the benchmark worker died" in caplog.text
+
+
+def test_shapes_of_a_bucket_tuned_on_another_are_checked_after_the_buckets(tmp_path):
+    """Two layers whose GEMMs share a bucket: the first listed is tuned, the other checked on
+    its own shape (the bucket's configs timed there) and listed as such; a rerun does
+    neither again."""
+    calls = []
+
+    def tuner(problem, configs=None):
+        calls.append((problem.n, None if configs is None else len(configs)))
+        timed = configs or [GemmConfig(), GemmConfig(tile_n=64)]
+        results = [CandidateResult(c, None, 0.1 + 0.01 * i) for i, c in enumerate(timed)]
+        return TuneResult(problem, timed[0], 0.1, 1e-3, results, 2, 2, 0.0, 0.0, 0.1)
+
+    chooser = ConfigChooser(
+        results=ResultsCache(tmp_path / "r.sqlite"),
+        tuner=tuner,
+        environment=lambda index: Environment("NVIDIA H200", 132, "0", "0"),
+    )
+    gemms = linear_gemms([LinearShape("qkv", 6144, 4096), LinearShape("up", 8192, 4096)], [64])
+    problems = [GemmProblem.of_shape(g.m, g.n, g.k, arch=Arch.SM90) for g in gemms]
+    outcome = pretune_problems(problems, chooser=chooser, progress=False)
+    assert calls == [(6144, None), (8192, 2)]
+    assert [(row.shape[1], row.source) for row in outcome.rows] == [
+        (6144, "tuned"),
+        (8192, "checked"),
+    ]
+    assert outcome.rows[1].key == chooser.shape_key(problems[1])
+    again = pretune_problems(problems, chooser=chooser, progress=False)
+    assert len(calls) == 2 and [row.source for row in again.rows] == ["cached", "cached"]

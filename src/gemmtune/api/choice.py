@@ -1,13 +1,19 @@
 """Choosing the config for a problem: the results cache's record of its bucket, a tune where
 the cache has none, or the ranking model's first choice, as the mode says.
 
-A bucket's record keeps every config its tune timed. For a shape of the bucket other than the
-one tuned, the choice among them is re-made for that shape: each measured time scaled by the
-ranking model's predicted ratio between the two shapes (wave quantization and tile fit change
-within a bucket; the measurement keeps what the model gets wrong about the config itself); a
-runner-up replaces the winner only when it is clearly faster (`SWITCH_MARGIN`).
-Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket where our best
-kernel does not beat it by `tuner.CUBLAS_MARGIN` is served by torch.matmul.
+A bucket's record keeps every config its tune timed. A shape of the bucket other than the one
+tuned is *checked* in mode "tune" (`GEMMTUNE_SHAPE_CHECK`, on by default): the bucket's
+`SHAPE_CHECK_CONFIGS` configs predicted fastest on that shape (each measured time scaled by the
+ranking model's ratio between the two shapes) are verified and timed on it, beside
+torch.matmul, as a tune's final times its finalists; the outcome is stored under the shape's
+own key (`shape_key`). Tile fit and wave quantization change within a bucket by more than the
+model sees: one kernel had won its bucket by 1.18x on 800 x 1200 x 4096 and ran another shape
+of it, 640 x 1800 x 3000, at 0.85 of cuBLAS. A check costs about a second (its binaries are
+compiled already), once per shape and cache. Where no check runs (mode "cache-only" on a
+shape never checked, or checks off), the choice is re-made from the record alone: the scaled
+times, a runner-up replacing the winner only when clearly faster (`SWITCH_MARGIN`).
+Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket or shape where our
+best kernel does not beat it by `tuner.CUBLAS_MARGIN` is served by torch.matmul.
 """
 
 from __future__ import annotations
@@ -25,15 +31,62 @@ from gemmtune.core.problem import GemmProblem
 log = logging.getLogger(__name__)
 
 CUBLAS_ENV = "GEMMTUNE_CUBLAS"
+SHAPE_CHECK_ENV = "GEMMTUNE_SHAPE_CHECK"
 # how much faster, scaled to a shape, a bucket's runner-up must be than its winner to replace it:
 # the runners-up were not all timed in the final, and the model's ratios are rough
 SWITCH_MARGIN = 1.05
+#: How many of a bucket's timed configs a shape check times on the shape (with torch.matmul):
+#: those its scaled times rank first. Their binaries are compiled; each costs a verification,
+#: a timing and a place in the final.
+SHAPE_CHECK_CONFIGS = 3
+#: What begins the results-cache key of one checked shape (`shape_key`), so that it never
+#: meets a bucket's key: a bucket of powers of two is named like a shape.
+SHAPE_KEY_PREFIX = "shape_"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def cublas_candidate() -> bool:
     """Whether tuning times torch.matmul beside our kernels (default yes; GEMMTUNE_CUBLAS=0
     to tune our kernels only)."""
-    return os.environ.get(CUBLAS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _env_flag(CUBLAS_ENV)
+
+
+def shape_checks() -> bool:
+    """Whether mode "tune" checks a shape of a tuned bucket other than the one tuned (default
+    yes; GEMMTUNE_SHAPE_CHECK=0 to choose from the bucket's record alone)."""
+    return _env_flag(SHAPE_CHECK_ENV)
+
+
+def scaled_times(record: TunedRecord, problem: GemmProblem) -> list[tuple[str, float]]:
+    """The record's measured (config key, ms), each scaled to `problem`'s shape by the ranking
+    model's predicted ratio between it and the tuned shape (torch.matmul's by the ratio of the
+    rooflines), in the record's order."""
+    from gemmtune.space.ranking import RankingModel
+    from gemmtune.tuning.tuner import device_model_for
+
+    measured = [(record.config, record.ms), *record.runners_up]
+    model = RankingModel(device_model_for(problem))
+    m, n, k, l = record.shape
+    tuned = dataclasses.replace(problem, m=m, n=n, k=k, l=l)
+
+    def scaled(name: str, ms: float) -> float:
+        if name == CUBLAS:
+            return ms * model.roofline_us(problem) / model.roofline_us(tuned)
+        config = GemmConfig.from_key(name)
+        return ms * model.predict_us(problem, config) / model.predict_us(tuned, config)
+
+    return [(name, scaled(name, ms)) for name, ms in measured]
+
+
+def shape_contenders(record: TunedRecord, problem: GemmProblem) -> list[GemmConfig]:
+    """What a check of `problem`'s shape times (torch.matmul aside): the record's
+    `SHAPE_CHECK_CONFIGS` configs of our kernels with the best scaled times."""
+    ranked = sorted(scaled_times(record, problem), key=lambda entry: entry[1])
+    names = list(dict.fromkeys(name for name, _ in ranked if name != CUBLAS))
+    return [GemmConfig.from_key(name) for name in names[:SHAPE_CHECK_CONFIGS]]
 
 
 class ConfigChooser:
@@ -69,44 +122,75 @@ class ConfigChooser:
                 if record is None:
                     log.warning("tuning found no working kernel; using the model's first choice")
             if record is not None:
-                return self.for_shape(record, problem)
+                checked = self.checked_record(problem, record, check=mode == "tune")
+                return self.for_shape(checked or record, problem)
         if not problem.arch.verified_on_hardware:
             return None  # no tune verified a kernel on this GPU: torch.matmul serves
         return self.first_choice(problem)
 
     @staticmethod
     def for_shape(record: TunedRecord, problem: GemmProblem) -> GemmConfig | None:
-        """The bucket's choice for this problem's own shape (see the module's docstring)."""
-        shape = (problem.m, problem.n, problem.k, problem.l)
-        measured = [(record.config, record.ms), *record.runners_up]
-        if record.shape == shape or record.ms is None or len(measured) == 1:
-            choice = record.config
-        else:
-            from gemmtune.space.ranking import RankingModel
-            from gemmtune.tuning.tuner import device_model_for
-
-            model = RankingModel(device_model_for(problem))
-            m, n, k, l = record.shape
-            tuned = dataclasses.replace(problem, m=m, n=n, k=k, l=l)
-
-            def scaled_ms(entry: tuple[str, float]) -> float:
-                name, ms = entry
-                if name == CUBLAS:
-                    return ms * model.roofline_us(problem) / model.roofline_us(tuned)
-                config = GemmConfig.from_key(name)
-                return ms * model.predict_us(problem, config) / model.predict_us(tuned, config)
-
-            fastest = min(measured, key=scaled_ms)
+        """The choice of a bucket's (or a checked shape's) record for this problem's own
+        shape, from the record alone (see the module's docstring)."""
+        choice = record.config
+        if needs_rechoice(record, problem):
+            scaled = scaled_times(record, problem)
+            fastest = min(scaled, key=lambda entry: entry[1])
             # another config must win by more than the noise in the measured times
-            if scaled_ms(fastest) * SWITCH_MARGIN < scaled_ms(measured[0]):
+            if fastest[1] * SWITCH_MARGIN < scaled[0][1]:
                 choice = fastest[0]
-            else:
-                choice = record.config
         return None if choice == CUBLAS else GemmConfig.from_key(choice)
+
+    def checked_record(
+        self, problem: GemmProblem, record: TunedRecord, *, check: bool
+    ) -> TunedRecord | None:
+        """The record of `problem`'s own shape checked against its bucket's `record`: the one
+        the cache holds, unless the bucket was tuned again since; else, with `check` (and
+        `shape_checks()`), one checked now and stored. None where the record alone decides:
+        the tuned shape itself, nothing to choose between, a stale check not redone."""
+        if not needs_rechoice(record, problem):
+            return None
+        results = self.results_cache()
+        key = self.shape_key(problem)
+        held = results.lookup(key)
+        if held is not None and held.bucket_tuned_at == record.tuned_at:
+            return held
+        if not (check and shape_checks()):
+            return None
+        return results.tune_once(
+            key, lambda: self._shape_record(problem, record), replace=held is not None
+        )
+
+    def _shape_record(self, problem: GemmProblem, record: TunedRecord) -> TunedRecord | None:
+        """Time the bucket's best configs for this shape on it (`shape_contenders`), with
+        torch.matmul where tuning includes it: the record of the winner, or None when none of
+        them ran correctly here."""
+        contenders = shape_contenders(record, problem)
+        result = (self.tuner or self._default_tuner)(problem, configs=contenders)
+        if result.best is None and result.backend != CUBLAS:
+            log.warning(
+                "no config of bucket %s ran correctly on %dx%dx%d",
+                record.shape, problem.m, problem.n, problem.k,
+            )  # fmt: skip
+            return None
+        checked = record_of(result)
+        p = problem
+        log.info(
+            "checked %dx%dx%dx%d (bucket tuned on %s): %s wins (%.4f ms)",
+            *(p.m, p.n, p.k, p.l), "x".join(map(str, record.shape)), checked.config, checked.ms,
+        )  # fmt: skip
+        how = f"checked on its shape, bucket tuned on {'x'.join(map(str, record.shape))}: "
+        return dataclasses.replace(checked, how=how + checked.how, bucket_tuned_at=record.tuned_at)
 
     def bucket_key(self, problem: GemmProblem) -> str:
         """The results cache's key for `problem` on its GPU."""
         return bucket_key(problem, self.environment(problem.device.index or 0), self.policy)
+
+    def shape_key(self, problem: GemmProblem) -> str:
+        """The results cache's key for `problem`'s own shape on its GPU: its bucket key at the
+        exact sizes, prefixed `SHAPE_KEY_PREFIX`."""
+        environment = self.environment(problem.device.index or 0)
+        return SHAPE_KEY_PREFIX + bucket_key(problem, environment, BucketPolicy("exact"))
 
     def ensure_tuned(self, problem: GemmProblem, **options) -> TunedRecord | None:
         """The record of `problem`'s bucket, tuned and stored first where the cache has none
@@ -162,6 +246,15 @@ class ConfigChooser:
 
         model = RankingModel(device_model_for(problem))
         return in_first_order(model.top_k(problem, candidates(problem, orders=False), 1)[0])
+
+
+def needs_rechoice(record: TunedRecord, problem: GemmProblem) -> bool:
+    """Whether `record` was tuned on another shape than `problem`'s and holds more than one
+    measured choice (a record without a shape or a time, stored by hand, decides alone)."""
+    shape = (problem.m, problem.n, problem.k, problem.l)
+    return record.shape not in (shape, (0, 0, 0, 0)) and (
+        record.ms is not None and bool(record.runners_up)
+    )
 
 
 def record_of(result) -> TunedRecord:

@@ -20,6 +20,8 @@ Under `torch.distributed` (initialised by the caller: torchrun, or `spawn_pretun
 4. the ranks gather every provided record, and each stores every record of its own keys.
 Every rank then holds the same record for each key, by construction. Processes sharing a GPU
 and a cache tune a bucket once between them (`ResultsCache.tune_once`'s lock).
+A problem whose bucket was tuned on another of its shapes is then checked on its own shape
+(`api.choice`), the ranks sharing those checks in the same way, so that serving meets no check.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +37,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from gemmtune.api.choice import ConfigChooser
+from gemmtune.api.choice import ConfigChooser, needs_rechoice
 from gemmtune.cache.results import TunedRecord
 from gemmtune.core import dtypes
 from gemmtune.core.problem import GemmProblem
@@ -146,12 +148,13 @@ def assign_providers(
 
 @dataclass
 class PretuneRow:
-    """One bucket of a pretune: its key, the shape it was listed with, its record."""
+    """One bucket (or checked shape) of a pretune: its key, the shape it was listed with, its
+    record."""
 
     key: str
     shape: tuple[int, int, int, int]
     record: TunedRecord | None
-    source: str  # "cached", "tuned", or "rank N" (tuned by another rank)
+    source: str  # "cached", "tuned", "checked" (a shape), or "rank N" (by another rank)
 
     @property
     def config(self) -> str | None:
@@ -192,9 +195,11 @@ def pretune_problems(
     tune: bool = True,
 ) -> PretuneResult:
     """Tune every bucket of `problems` the cache lacks and store it (see the module's
-    docstring); with `distributed` (default: whether `torch.distributed` is initialised with
-    more than one rank) the ranks split the work and all store every record. Without `tune`,
-    only report what the cache holds."""
+    docstring), then check each problem whose shape is not the one its bucket was tuned on
+    (`ConfigChooser.checked_record`) where the cache lacks that check; with `distributed`
+    (default: whether `torch.distributed` is initialised with more than one rank) the ranks
+    split the work and all store every record. Without `tune`, only report what the cache
+    holds."""
     import torch.distributed as dist
 
     dispatcher = None
@@ -212,55 +217,95 @@ def pretune_problems(
     by_key: dict[str, GemmProblem] = {}
     for p in served:
         by_key.setdefault(chooser.bucket_key(p), p)
-    keys = list(by_key)
+    rounds = _Rounds(chooser, distributed, tune, progress)
+    buckets = rounds.run(by_key, lambda p: chooser.ensure_tuned(p), "bucket")
+    # a bucket's record, tuned on one of its shapes, is checked on each of the others
     results = chooser.results_cache()
-    held = {key for key in keys if results.lookup(key) is not None}
-    rank, ranks = 0, 1
-    if distributed:
-        rank, ranks = dist.get_rank(), dist.get_world_size()
-        gathered: list = [None] * ranks
-        dist.all_gather_object(gathered, (keys, sorted(held)))
-        providers = assign_providers([g[0] for g in gathered], [set(g[1]) for g in gathered])
-    else:
-        providers = dict.fromkeys(keys, 0)
-    mine = [key for key in keys if tune and providers[key] == rank and key not in held]
-    tuned: set[str] = set()
-    bar = tqdm(mine, disable=not progress, desc="gemmtune pretune", unit="bucket")
-    for key in bar:
-        p = by_key[key]
-        bar.set_postfix_str(f"{p.m}x{p.n}x{p.k}")
-        try:
-            record = chooser.ensure_tuned(p)
-        except Exception:  # one bucket's failure must not stop the rest, nor the other ranks
-            log.exception("pretune: tuning %dx%dx%d failed; its bucket stays open", p.m, p.n, p.k)
-            continue
-        if record is not None:
-            tuned.add(key)
-    bar.close()
-    if distributed:
-        provided = {
-            key: record.to_json()
-            for key in keys
-            if providers[key] == rank and (record := results.lookup(key)) is not None
-        }
-        gathered = [None] * ranks
-        dist.all_gather_object(gathered, provided)
-        for from_rank, records in enumerate(gathered):
-            for key, text in records.items():
-                if key in by_key and from_rank != rank:
-                    results.store(key, TunedRecord.from_json(text))
+    shapes: dict[str, GemmProblem] = {}
+    for p in served:
+        record = results.lookup(chooser.bucket_key(p))
+        if record is not None and needs_rechoice(record, p):
+            shapes.setdefault(chooser.shape_key(p), p)
+
+    def check(p: GemmProblem) -> TunedRecord | None:
+        record = results.lookup(chooser.bucket_key(p))
+        return chooser.checked_record(p, record, check=True) if record is not None else None
+
+    checked = rounds.run(shapes, check, "shape")
     if dispatcher is not None:
         dispatcher.plans.clear()  # plans made before may follow records replaced here
-    outcome = PretuneResult(wall_s=time.perf_counter() - start, ranks=ranks)
-    for key, p in by_key.items():
-        if key in tuned:
-            source = "tuned"
-        elif key in held:
-            source = "cached"
-        else:
-            source = f"rank {providers[key]}"
-        outcome.rows.append(PretuneRow(key, (p.m, p.n, p.k, p.l), results.lookup(key), source))
+    outcome = PretuneResult(wall_s=time.perf_counter() - start, ranks=rounds.ranks)
+    for done, keys in ((buckets, by_key), (checked, shapes)):
+        for key, p in keys.items():
+            outcome.rows.append(
+                PretuneRow(key, (p.m, p.n, p.k, p.l), results.lookup(key), done[key])
+            )
     return outcome
+
+
+class _Rounds:
+    """Records provided by the ranks: each key's provider tunes it where no rank holds it,
+    then every rank stores every provided record."""
+
+    def __init__(self, chooser: ConfigChooser, distributed: bool, tune: bool, progress: bool):
+        import torch.distributed as dist
+
+        self.chooser, self.distributed, self.tune, self.progress = (
+            chooser, distributed, tune, progress,
+        )  # fmt: skip
+        self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+
+    def run(
+        self,
+        problems: dict[str, GemmProblem],
+        provide: Callable[[GemmProblem], TunedRecord | None],
+        what: str,
+    ) -> dict[str, str]:
+        """Provide the record of each key of `problems` (`provide` tunes or checks it):
+        returns where each key's record came from, "cached", "tuned" (or "checked" for
+        shapes) or "rank N"."""
+        import torch.distributed as dist
+
+        results = self.chooser.results_cache()
+        keys = list(problems)
+        held = {key for key in keys if results.lookup(key) is not None}
+        if self.distributed:
+            gathered: list = [None] * self.ranks
+            dist.all_gather_object(gathered, (keys, sorted(held)))
+            providers = assign_providers([g[0] for g in gathered], [set(g[1]) for g in gathered])
+        else:
+            providers = dict.fromkeys(keys, 0)
+        mine = [k for k in keys if self.tune and providers[k] == self.rank and k not in held]
+        done: set[str] = set()
+        bar = tqdm(mine, disable=not self.progress, desc=f"gemmtune pretune ({what}s)", unit=what)
+        for key in bar:
+            p = problems[key]
+            bar.set_postfix_str(f"{p.m}x{p.n}x{p.k}")
+            try:
+                record = provide(p)
+            except Exception:  # one failure must not stop the rest, nor the other ranks
+                log.exception("pretune: %dx%dx%d failed; its %s stays open", p.m, p.n, p.k, what)
+                continue
+            if record is not None:
+                done.add(key)
+        bar.close()
+        if self.distributed:
+            provided = {
+                key: record.to_json()
+                for key in keys
+                if providers[key] == self.rank and (record := results.lookup(key)) is not None
+            }
+            gathered = [None] * self.ranks
+            dist.all_gather_object(gathered, provided)
+            for from_rank, records in enumerate(gathered):
+                for key, text in records.items():
+                    if key in problems and from_rank != self.rank:
+                        results.store(key, TunedRecord.from_json(text))
+        fresh = "tuned" if what == "bucket" else "checked"
+        return {
+            key: fresh if key in done else "cached" if key in held else f"rank {providers[key]}"
+            for key in keys
+        }
 
 
 def pretune(

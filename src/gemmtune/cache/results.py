@@ -56,6 +56,9 @@ class TunedRecord:
     tuned_at: float = field(default_factory=time.time)
     how: str = ""  # how it was found, for people
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)  # the (m, n, k, l) that was tuned
+    #: a record of one shape, checked against its bucket's record (`api.choice`): that
+    #: record's `tuned_at`, so that a bucket tuned again makes the check stale
+    bucket_tuned_at: float | None = None
 
     @property
     def gemm_config(self) -> GemmConfig:

@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         ]
         print(table(["shape", "winner", "ms", "source"], cells, right="<<><"))
         print(
-            f"{len(rows)} buckets on {len(gpus)} GPU(s) in {outcome.wall_s:.1f} s"
-            + (f"; table written to {args.export}" if args.export else "")
+            f"{len(rows)} buckets and checked shapes on {len(gpus)} GPU(s) in "
+            f"{outcome.wall_s:.1f} s" + (f"; table written to {args.export}" if args.export else "")
         )
     return 0 if all(r["config"] for r in rows) else 1
 
