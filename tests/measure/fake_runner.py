@@ -60,3 +60,14 @@ class ReliableRunner(FakeRunner):
     def measure(self, job):
         config = GemmConfig.from_json(job.config_json)
         return Measurement(config.key, fake_ms(config), 0.01, 1e-3)
+
+
+class CloseCublasRunner(ReliableRunner):
+    """torch.matmul 2 % behind our best kernel in a final of several contenders, 3 % ahead of
+    it when timed again beside it alone (`tuner.CONFIRM_ROUNDS` rounds): only the second
+    timing shows the first lead was not one."""
+
+    def compare(self, job):
+        ours = [m for m in super().compare(job) if m.config_key != CUBLAS]
+        cublas = min(m.ms for m in ours) * (1.02 if len(job.configs_json) > 2 else 0.97)
+        return [*ours, Measurement(CUBLAS, cublas, 0.01)]

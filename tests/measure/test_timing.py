@@ -32,3 +32,27 @@ def test_a_slow_launch_is_not_timed_as_kernel_time():
     fast = time_cuda(kernel, runs=200).median_ms
     slow = time_cuda(slow_launch, runs=200).median_ms
     assert slow < fast + 0.010, (fast, slow)
+
+
+@pytest.mark.gpu
+def test_rotated_windows_start_each_round_at_another_function():
+    """With `rotate`, round r's first window is the r-th function's: none always follows the
+    same one. Each function records when its window's warm-up first calls it."""
+    from gemmtune.measure.timing import time_in_windows
+
+    x = torch.randn(1 << 12, device="cuda")
+    calls: list[int] = []
+
+    def contender(index: int):
+        def run():
+            if not calls or calls[-1] != index:
+                calls.append(index)
+            torch.mul(x, 1.0, out=x)
+
+        return run
+
+    time_in_windows([contender(i) for i in range(3)], window_ms=0.5, rounds=3, rotate=True)
+    assert calls == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    calls.clear()
+    time_in_windows([contender(i) for i in range(3)], window_ms=0.5, rounds=2)
+    assert calls == [0, 1, 2, 0, 1, 2]

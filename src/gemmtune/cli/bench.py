@@ -172,7 +172,26 @@ def compare_with_cublas(
     if reference_gbps:
         row["bw_fraction"] = row["gbps"] / reference_gbps
         row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
+    if mode == "tune" and (tuned := tuned_here(m, np_, kp)) is not None:
+        row["tuned"] = tuned
     return row
+
+
+def tuned_here(m: int, n: int, k: int) -> dict | None:
+    """What the results cache says of the tune (or shape check) made on this very shape: its
+    winner, time and how it was found (the tuner's own view, torch.matmul's final time
+    among it), so that a row's choice can be audited; None where none was made on it."""
+    from gemmtune.api.dispatch import DISPATCHER
+
+    made = [
+        (key, record)
+        for key, record in DISPATCHER.chooser.results_cache().items()
+        if record.shape == (m, n, k, 1)
+    ]
+    if not made:
+        return None
+    key, record = max(made, key=lambda item: item[1].tuned_at)
+    return {"key": key, "config": record.config, "ms": record.ms, "how": record.how}
 
 
 def output_itemsize(a) -> int:

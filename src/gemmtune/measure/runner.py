@@ -66,6 +66,8 @@ class CompareJob:
     #: A window of a kernel of a few microseconds is bound by the host's launches, not the
     #: GPU: its runs are capped so that the window stays short in wall time too.
     max_runs: int = 200
+    #: each round starts at another contender (`time_in_windows`)
+    rotate: bool = True
     kind: str = "compare"
 
 
@@ -220,6 +222,7 @@ class GemmRunner:
             max_runs=job.max_runs,
             flush=self.flush,
             graph=job.graph,
+            rotate=job.rotate,
         )
         self.idle.timed()
         return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]

@@ -211,9 +211,12 @@ def time_in_windows(
     max_runs: int = 2000,
     flush: Callable[[], None] | None = None,
     graph: bool = False,
+    rotate: bool = False,
 ) -> list[Timing]:
     """Time each function alone, in windows of about `window_ms` of its own device time, the
     functions taken in turn `rounds` times; each one's Timing is over all its windows' runs.
+    With `rotate`, round r starts at the r-th function, so that no function always follows
+    the same one (the windows before a window set the clocks it starts at).
 
     A GPU at its power cap sets its clocks from the power of what it ran over the last
     milliseconds. Run by run in turn (`time_side_by_side`), contenders share the clocks of
@@ -223,8 +226,10 @@ def time_in_windows(
     if graph:
         fns = [as_graph(fn) for fn in fns]
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, measured in zip(fns, times, strict=True):
+    for round_ in range(rounds):
+        start = round_ % len(fns) if rotate else 0
+        for i in [*range(start, len(fns)), *range(start)]:
+            fn, measured = fns[i], times[i]
             per_run, host_ms = _warm_up([fn], warmup_ms)
             hold = LaunchHold(host_ms)
             runs = max(1, min(max_runs, math.ceil(window_ms / max(per_run, 1e-3))))
