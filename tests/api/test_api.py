@@ -431,3 +431,19 @@ def test_shape_contenders_are_the_records_best_for_the_shape_without_cublas():
     contenders = shape_contenders(record, problem(3072, 3072, 4096))
     assert len(contenders) == SHAPE_CHECK_CONFIGS == 3
     assert contenders[:2] == [small, big] and CUBLAS not in [c.key for c in contenders]
+
+
+def test_no_plan_is_made_inside_a_cuda_graph_capture(dispatcher, monkeypatch, caplog):
+    """Inside a capture a call without a plan goes to torch and leaves no plan behind (a tune,
+    a kernel load or a workspace cannot be captured); outside, its plan is made and kept."""
+    from gemmtune.api import dispatch
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    monkeypatch.setattr(dispatch, "capturing", lambda tensor: True)
+    plan = dispatcher.plan(a, b, mode="tune")
+    assert plan.config is None and "capture" in str(plan.reason) and plan.torch_op is torch.mm
+    torch.testing.assert_close(dispatcher(a, b, mode="tune"), a @ b)
+    assert dispatcher.plans == {} and caplog.text.count("inside a CUDA graph capture") == 1
+    monkeypatch.setattr(dispatch, "capturing", lambda tensor: False)
+    dispatcher.plan(a, b, mode="off")
+    assert len(dispatcher.plans) == 1

@@ -95,6 +95,27 @@ def test_captured_in_a_cuda_graph_and_replayed(tmp_path, monkeypatch, entry, dec
         assert ok, f"replay of a captured {decomposition} GEMM: rel err {err}"
 
 
+def test_a_shape_met_first_inside_a_capture_is_captured_as_torchs_then_tuned(tmp_path, caplog):
+    """A call with no plan inside a capture (mode tune, an empty cache) is served by torch and
+    captured so, with a warning; no plan is kept, and the first call outside the capture tunes
+    and runs our kernel."""
+    d = Dispatcher(ConfigChooser(results=ResultsCache(tmp_path / "results.sqlite")))
+    d.kernel_caches["sm_90a"] = KernelCache("sm_90a", tmp_path / "kernels")
+    a = torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1536, 640, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = d(a, b)
+    assert d.plans == {} and "inside a CUDA graph capture" in caplog.text
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert check(captured, a.float() @ b.float())[0]
+    assert check(d(a, b), a.float() @ b.float())[0]  # outside: tuned, then kept
+    (plan,) = d.plans.values()
+    assert plan.reason != "first met inside a CUDA graph capture"
+
+
 def test_gradients_flow_where_our_kernel_serves(tmp_path, monkeypatch):
     """Operands that require grad: tuned_gemm's result carries autograd's history (through
     `gemmtune::mm`, whose forward and backward run our kernel) and the gradients match

@@ -219,6 +219,11 @@ def with_autograd(
     return mm(a, b, out_dtype)
 
 
+def capturing(a: torch.Tensor) -> bool:
+    """Whether a call on `a` is being captured into a CUDA graph (on the current stream)."""
+    return a.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 UNIT_SCALES: dict[torch.device, tuple] = {}
 
 
@@ -244,7 +249,7 @@ class Dispatcher:
         self.signature = signature
         self.plans: dict[object, Plan] = {}  # plan_key -> Plan
         self.kernel_caches: dict[str, object] = {}
-        self.fallbacks_logged: set[str] = set()
+        self.fallbacks_logged: set[object] = set()  # reason codes, shapes met in captures
         #: `tuned_gemm` over this dispatcher's plans
         self.gemm = dispatch_function(self)
 
@@ -272,7 +277,12 @@ class Dispatcher:
         return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode)
 
     def new_plan(self, key: object, a, b, out, out_dtype, mode: str | None) -> Plan:
-        """Make, keep and return the plan of a call whose key `plans` lacks."""
+        """Make, keep and return the plan of a call whose key `plans` lacks. During a CUDA
+        graph capture none is made: tuning, loading a kernel and allocating its workspace
+        cannot be captured, so torch serves the call (captured as torch's kernel) and the
+        first call outside a capture makes the plan (`capture_fallback`)."""
+        if capturing(a):
+            return self.capture_fallback(a, b)
         resolved = resolve_mode(mode)
         if resolved == "off":
             plan = Plan(None, (), None, reason=f'mode "off" ({MODE_ENV} or mode=)')
@@ -289,6 +299,21 @@ class Dispatcher:
                     log.info("gemmtune falls back to torch.matmul: %s", reason)
         plan.torch_op = torch_op(a, b)
         self.plans[key] = plan
+        return plan
+
+    def capture_fallback(self, a: torch.Tensor, b: torch.Tensor) -> Plan:
+        """The plan, not kept, of a call met first inside a CUDA graph capture: torch serves it
+        (logged once per shape, with the remedy)."""
+        shape = (tuple(a.shape), tuple(b.shape), a.dtype)
+        if ("capture", shape) not in self.fallbacks_logged:
+            self.fallbacks_logged.add(("capture", shape))
+            log.warning(
+                "gemmtune met %s @ %s (%s) first inside a CUDA graph capture: torch serves it in "
+                "this graph; run the shape once before capturing (or pretune it) for our kernels",
+                *shape,
+            )  # fmt: skip
+        plan = Plan(None, (), None, reason="first met inside a CUDA graph capture")
+        plan.torch_op = torch_op(a, b)
         return plan
 
     def _kernel_plan(self, problem: GemmProblem, mode: str, scales: tuple = ()) -> Plan:
@@ -374,7 +399,10 @@ class Dispatcher:
         options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
         if plan is None:
             result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
-            self.plans[key] = self._scaled_plan(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+            if not capturing(a):  # as `new_plan`: no plan is made inside a capture
+                self.plans[key] = self._scaled_plan(
+                    a, b, scale_a, scale_b, out_dtype, use_fast_accum
+                )  # fmt: skip
             return result
         if (
             plan.launcher is None
