@@ -15,6 +15,9 @@ Phases (bf16, row-major A and B, each shape of the suite; `torch.randn` inputs):
 - helpers: in a new process, how long compile workers (1, then 8 at once) and the benchmark
   worker take to start, and a worker's first and second compile: spawned
   (`GEMMTUNE_PRESTART=0`), and forked by the zygotes (from the import on);
+- check: one process tunes each shape, then calls another shape of its bucket (m and n 7/8
+  of the tuned ones, where that stays in the bucket): the wall time of that first call, whose
+  shape check (`api.choice`) times the bucket's best configs on it beside torch.matmul;
 - autotune: `@gemmtune.autotune` with 3 configs of a sub-millisecond function
   (`benchmarks/autotune_subject.py`) in a new process: the first call to the winner, then a
   new key.
@@ -49,7 +52,7 @@ from benchmarks.common import RESULTS, load_shapes, write_results
 SUITE_HELP = "wall time of a tune: cold and warm processes, cached binaries, 4 at once, @autotune"
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("helpers", "cold", "warm", "cached", "concurrent", "autotune")
+PHASES = ("helpers", "cold", "warm", "cached", "concurrent", "check", "autotune")
 #: the prefix of a child's result lines on its standard output
 ROW = "ROW "
 
@@ -111,6 +114,23 @@ def timed_call(shape: dict) -> dict:
             timeline=t.timeline,
         )
     return row
+
+
+def same_bucket_shape(shape: dict) -> dict | None:
+    """`shape` with m and n at 7/8 (m a multiple of 8, n of 64), where that keeps it in its
+    results-cache bucket and changes it; else None."""
+    from gemmtune.cache.buckets import BucketPolicy
+
+    policy = BucketPolicy()
+    m = max(8, shape["m"] * 7 // 8 // 8 * 8)
+    n = max(64, shape["n"] * 7 // 8 // 64 * 64)
+    if policy.round(m) != policy.round(shape["m"]):
+        m = shape["m"]
+    if policy.round(n) != policy.round(shape["n"]):
+        n = shape["n"]
+    if (m, n) == (shape["m"], shape["n"]):
+        return None
+    return {**shape, "name": f"{shape['name']}_7_8", "m": m, "n": n}
 
 
 def helper_costs() -> None:
@@ -192,6 +212,13 @@ def child(mode: str, shapes: list[dict]) -> None:
         api.DISPATCHER.plans.clear()
         for shape in shapes[:-1]:
             emit({**timed_call(shape), "phase": "cached-binaries"})
+    elif mode == "check":
+        for shape in shapes:
+            other = same_bucket_shape(shape)
+            if other is None:
+                continue
+            tuned = timed_call(shape)
+            emit({**timed_call(other), "phase": "check", "bucket_tuned_on": tuned["shape"]})
     elif mode == "concurrent":
         from gemmtune.api import dispatch as api
 
@@ -397,6 +424,13 @@ def main(argv: list[str] | None = None) -> Path:
             f"concurrent {shape['name']}: 4 processes {four_s:.1f} s, one {row['one_process_s']} s "
             f"({row['ratio']}x); tuned by {row['tuned_by']}, winners {row['winners']}"
         )
+    if "check" in phases:
+        for row in run_child("check", shapes, Path(tempfile.mkdtemp(prefix="gemmtune-check-"))):
+            rows.append(row)
+            print(
+                f"check {row['shape']:>20} (bucket tuned on {row['bucket_tuned_on']}): "
+                f"{row['tune_wall_s']:6.2f} s, timed {row.get('timed')} -> {row.get('config')}"
+            )
     if "autotune" in phases:
         for row in run_child("autotune", shapes[:1], Path(tempfile.mkdtemp(prefix="gemmtune-at-"))):
             rows.append(row)
