@@ -64,8 +64,8 @@ class ReliableRunner(FakeRunner):
 
 class CloseCublasRunner(ReliableRunner):
     """torch.matmul 2 % behind our best kernel in a final of several contenders, 3 % ahead of
-    it when timed again beside it alone (`tuner.CONFIRM_ROUNDS` rounds): only the second
-    timing shows the first lead was not one."""
+    it when timed again beside it alone (`tuner._confirm`): only the second timing shows the
+    first lead was not one."""
 
     def compare(self, job):
         ours = [m for m in super().compare(job) if m.config_key != CUBLAS]

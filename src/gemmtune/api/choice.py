@@ -8,8 +8,8 @@ ranking model's ratio between the two shapes) are verified and timed on it, besi
 torch.matmul, as a tune's final times its finalists; the outcome is stored under the shape's
 own key (`shape_key`). Tile fit and wave quantization change within a bucket by more than the
 model sees: one kernel had won its bucket by 1.18x on 800 x 1200 x 4096 and ran another shape
-of it, 640 x 1800 x 3000, at 0.85 of cuBLAS. A check costs 0.8-1.8 s on an H200 (its
-binaries are compiled already), once per shape and cache. Where no check runs (mode "cache-only" on a
+of it, 640 x 1800 x 3000, at 0.85 of cuBLAS. A check costs 0.8-1.8 s on an H200 (its binaries
+are compiled already), once per shape and cache. Where no check runs (mode "cache-only" on a
 shape never checked, or checks off), the choice is re-made from the record alone: the scaled
 times, a runner-up replacing the winner only when clearly faster (`SWITCH_MARGIN`).
 Tuning also times torch.matmul (cuBLAS) beside the finalists, and a bucket or shape where our
