@@ -169,10 +169,11 @@ def test_a_bucket_whose_tune_fails_leaves_the_others_tuned(tmp_path, caplog):
     assert "the benchmark worker died" in caplog.text
 
 
-def test_shapes_of_a_bucket_tuned_on_another_are_checked_after_the_buckets(tmp_path):
+def test_shapes_of_a_bucket_tuned_on_another_are_checked_after_the_buckets(tmp_path, monkeypatch):
     """Two layers whose GEMMs share a bucket: the first listed is tuned, the other checked on
     its own shape (the bucket's configs timed there) and listed as such; a rerun does
     neither again."""
+    monkeypatch.delenv("GEMMTUNE_SHAPE_CHECK", raising=False)
     calls = []
 
     def tuner(problem, configs=None):
@@ -197,3 +198,6 @@ def test_shapes_of_a_bucket_tuned_on_another_are_checked_after_the_buckets(tmp_p
     assert outcome.rows[1].key == chooser.shape_key(problems[1])
     again = pretune_problems(problems, chooser=chooser, progress=False)
     assert len(calls) == 2 and [row.source for row in again.rows] == ["cached", "cached"]
+    monkeypatch.setenv("GEMMTUNE_SHAPE_CHECK", "0")  # no checks: the buckets alone are listed
+    unchecked = pretune_problems(problems, chooser=chooser, progress=False)
+    assert [row.source for row in unchecked.rows] == ["cached"]

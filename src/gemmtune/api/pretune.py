@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from gemmtune.api.choice import ConfigChooser, needs_rechoice
+from gemmtune.api.choice import ConfigChooser, needs_rechoice, shape_checks
 from gemmtune.cache.results import TunedRecord
 from gemmtune.core import dtypes
 from gemmtune.core.problem import GemmProblem
@@ -222,7 +222,7 @@ def pretune_problems(
     # a bucket's record, tuned on one of its shapes, is checked on each of the others
     results = chooser.results_cache()
     shapes: dict[str, GemmProblem] = {}
-    for p in served:
+    for p in served if shape_checks() else ():
         record = results.lookup(chooser.bucket_key(p))
         if record is not None and needs_rechoice(record, p):
             shapes.setdefault(chooser.shape_key(p), p)
