@@ -250,9 +250,10 @@ class _Rounds:
     def __init__(self, chooser: ConfigChooser, distributed: bool, tune: bool, progress: bool):
         import torch.distributed as dist
 
-        self.chooser, self.distributed, self.tune, self.progress = (
-            chooser, distributed, tune, progress,
-        )  # fmt: skip
+        self.chooser = chooser
+        self.distributed = distributed
+        self.tune = tune
+        self.progress = progress
         self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
     def run(
