@@ -111,13 +111,18 @@ class ShapeRun:
         scales = random_scales(signature, m, n, "cuda", gen)
         self.scales = kernel_scales(scales)
         self.ref = reference_product(self.a, self.b, scales)
-        self.window_ms = window_ms
+        self.window_ms, self.max_runs = window_ms, 2000
 
         def contender() -> None:
             torch_product(self.a, self.b, scales, self.out.dtype)
 
         self.contender = contender
         self.kernels, self.flush, self.runs, self.warmup_ms = kernels, flush, runs, warmup_ms
+
+    def windows(self, window_ms: float, max_runs: int) -> None:
+        """Time each config in a window of `window_ms` (at most `max_runs` runs) after one of
+        torch's product; 0 times `runs` runs after the warm-up instead."""
+        self.window_ms, self.max_runs = window_ms, max_runs
 
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
@@ -140,6 +145,7 @@ class ShapeRun:
                 window_ms=self.window_ms,
                 rounds=1,
                 warmup_ms=self.warmup_ms,
+                max_runs=self.max_runs,
                 flush=self.flush,
             )
         else:
@@ -176,8 +182,9 @@ def timed_how(args: argparse.Namespace) -> str:
     """What each timing is the median of, for the results file's method."""
     if args.windows:
         return (
-            f"median of a window of {args.windows:g} ms of held runs (measure.timing."
-            f"time_in_windows), after a window of torch's product on the same tensors"
+            f"median of a window of {args.windows:g} ms (at most {args.max_runs} runs) of held "
+            f"runs (measure.timing.time_in_windows), after a window of torch's product on the "
+            f"same tensors"
         )
     return f"median of {args.runs} runs after the warm-up"
 
@@ -202,6 +209,18 @@ def main(argv: list[str] | None = None) -> Path:
         metavar="MS",
         help="time each config in a window of MS ms after one of torch's product",
     )
+    parser.add_argument(
+        "--max-runs",
+        type=int,
+        default=2000,
+        help="at most this many runs per window: a short kernel's window is mostly flushes",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        default=SWEPT_BINARIES,
+        help="binaries per shape timed at every raster and swizzle",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     configs = [
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> Path:
     method = (
         f"exhaustive: every implemented binary (data-parallel, stream-K, split-K at splits "
         f"{SPLITS} where units < resident clusters) at raster along_m, swizzle 1, then the best "
-        f"{SWEPT_BINARIES} binaries per shape at every raster x swizzle; CUDA events, "
+        f"{args.sweep} binaries per shape at every raster x swizzle; CUDA events, "
         f"{args.warmup_ms:g} ms warm-up, L2 flushed before each run, {timed_how(args)}; "
         f"{SIGNATURE_TEXT[args.dtype]}; verified against a float32 reference first (int8: the "
         f"exact product; ours_ms null: rejected). Compile failures: {failed}"
@@ -239,7 +258,8 @@ def main(argv: list[str] | None = None) -> Path:
         )
     for shape in shapes:
         m, n, k = shape["m"], shape["n"], shape["k"]
-        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs, args.warmup_ms, args.windows)
+        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs, args.warmup_ms)
+        run.windows(args.windows, args.max_runs)
         start = time.perf_counter()
         timed = []
         for config in configs:
@@ -258,10 +278,10 @@ def main(argv: list[str] | None = None) -> Path:
         ok = sorted((t for t in timed if t[0] is not None), key=lambda t: t[0])
         seen = []
         for _, config, _ in ok:
+            if len(seen) >= args.sweep:
+                break
             if config.compile_key not in {c.compile_key for c in seen}:
                 seen.append(config)
-            if len(seen) == SWEPT_BINARIES:
-                break
         for config in seen:
             for raster in Raster:
                 for swizzle in (1, 2, 4, 8):

@@ -64,6 +64,12 @@ def test_8bit_problems_are_predicted_from_the_8bit_families_and_others_are_not()
     # without 8-bit families, an 8-bit problem takes the 16-bit ones (interpolated: K-major B)
     plain = RankingModel(calibration={**FLAT, "families": neighbours})
     assert plain.predict_us(fp8, config) == pytest.approx(waves * (0.275 * 32 + 2.75), rel=1e-3)
+    # a family the 8-bit timings did not cover takes its 16-bit constants
+    direct = dataclasses.replace(config, tma_store=False)
+    covered = {**neighbours, family(direct): [0.4, 5.0]}
+    mixed = RankingModel(calibration={**FLAT, "families": covered, "families_8bit": eight_bit})
+    assert mixed.constants(direct, ab_bytes=1)[:2] == (0.4, 5.0)
+    assert mixed.constants(config, ab_bytes=1)[:2] == (0.1, 1.0)
 
 
 def test_a_narrow_swizzle_width_is_predicted_at_its_width_where_b_gets_the_full_swizzle():

@@ -30,9 +30,9 @@ The model is analytic in its structure and fitted in its constants:
 (`benchmarks/fit_ranking.py` writes `calibration_<arch>.json` from
 `benchmarks/results/timings-*.json.gz`): 16-bit inputs with B N-major (`families`), where a
 width that is not a multiple of 64 where B gets the full swizzle takes them from the widths
-around it (`full_swizzle_constants`). 8-bit problems take `families_8bit` where the
-calibration holds them (fitted to 8-bit timings, A and B K-major as their WGMMAs read them),
-else the 16-bit families: a k-tile is 128 bytes of K either way, twice the elements at twice
+around it (`full_swizzle_constants`). 8-bit problems take a family's `families_8bit` constants
+where the calibration holds them (fitted to 8-bit timings, A and B K-major as their WGMMAs
+read them), else the 16-bit family's: a k-tile is 128 bytes of K either way, twice the elements at twice
 the MMA rate. The shipped calibration holds none: fits to fp8 timings reordered the top k
 without a gain on the suites (`docs/ranking.md`).
 A family without measurements falls back to the tile's MMA work at an efficiency that grows
@@ -258,10 +258,13 @@ class RankingModel:
 
     def fitted_families(self, config: GemmConfig, ab_bytes: int = 2) -> tuple[dict, tuple]:
         """The fitted families that describe `config` on inputs of `ab_bytes` bytes, and the
-        majors of a and b they were timed with: the 8-bit ones where the calibration has them."""
+        majors of a and b they were timed with: the 8-bit ones where the calibration fits the
+        config's family on 8-bit timings, else the 16-bit ones (8-bit timings need not cover
+        every binary: those of the direct-store epilogue, say)."""
         calibration = self._calibration(config)
-        if ab_bytes == 1 and "families_8bit" in calibration:
-            return calibration["families_8bit"], FITTED_MAJORS_8BIT
+        eight_bit = calibration.get("families_8bit", {})
+        if ab_bytes == 1 and family(config) in eight_bit:
+            return eight_bit, FITTED_MAJORS_8BIT
         return calibration.get("families", {}), FITTED_MAJORS
 
     def constants(self, config: GemmConfig, ab_bytes: int = 2) -> tuple[float, float, float, float]:
