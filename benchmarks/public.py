@@ -10,7 +10,7 @@ among the tuning's candidates (`"contender": "tuned_gemm"`), one without (`GEMMT
 ours_ms, above 1: gemmtune is faster.
 
     python -m benchmarks public --out-dir DIR [--dtype bf16 fp16 int8] [--layout kn|nk]
-        [--shapes FILE]
+        [--shapes FILE] [--contenders kernels]
 
 8-bit MMAs read both operands K-major: int8 and fp8 (e4m3, e5m2) with `--layout nk`
 (`x @ w.t()`) run on our kernels as they are, int8 with `--layout kn` on a K-major copy of b
@@ -89,16 +89,19 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
     parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
+    parser.add_argument(
+        "--contenders", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS)
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
-    print(f"{len(shapes)} shapes, {' '.join(args.dtype)}, contenders {', '.join(CONTENDERS)}")
+    print(f"{len(shapes)} shapes, {' '.join(args.dtype)}, contenders {', '.join(args.contenders)}")
     rows, methods = [], set()
     for dtype in args.dtype:
-        for contender, cublas in CONTENDERS.items():
+        for contender in args.contenders:
             document = bench_run(
                 dtype,
-                cublas,
+                CONTENDERS[contender],
                 args.shapes,
                 layout=args.layout,
                 scaling=args.scaling,
@@ -113,15 +116,18 @@ def main(argv: list[str] | None = None) -> Path:
             rows += document["rows"]
     if not any("ratio" in row for row in rows):  # a broken setup, not a measurement
         raise SystemExit(f"every shape failed, e.g. {rows[0].get('error') if rows else None}")
-    for contender in CONTENDERS:
+    for contender in args.contenders:
         ratios = [r["ratio"] for r in rows if r["contender"] == contender and "ratio" in r]
         if ratios:
             geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
             print(f"{contender}: geometric mean ratio {geomean:.3f} over {len(ratios)} rows")
+    described = {
+        "tuned_gemm": f"contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the candidates)",
+        "kernels": f"contender kernels ({CUBLAS_ENV}=0, our kernels alone)",
+    }
     method = (
-        f"per dtype ({', '.join(args.dtype)}) two runs, each a new process with an empty cache "
-        f"folder: contender tuned_gemm ({CUBLAS_ENV}=1, cuBLAS among the tuning's candidates) "
-        f"and contender kernels ({CUBLAS_ENV}=0, our kernels alone); each run: "
+        f"per dtype ({', '.join(args.dtype)}) a run per contender, each a new process with an "
+        f"empty cache folder: {' and '.join(described[c] for c in args.contenders)}; each run: "
         f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling, args.accumulation)}"
     )
     name = suite_file_name("public", args.dtype, args.scaling, args.accumulation)

@@ -218,6 +218,10 @@ def test_public_runs_each_contender_in_its_own_process_and_cache(tmp_path, monke
     assert tagged == [
         ("bf16", "tuned_gemm"), ("bf16", "kernels"), ("fp16", "tuned_gemm"), ("fp16", "kernels"),
     ]  # fmt: skip
+    runs.clear()
+    public.main(["--dtype", "bf16", "--contenders", "kernels", "--out-dir", str(tmp_path)])
+    assert [(dtype, cublas) for dtype, cublas, _ in runs] == [("bf16", "0")]
+    assert "tuned_gemm" not in written["method"]
 
 
 def test_serving_runs_each_dtype_layout_and_contender_on_the_chosen_shapes(tmp_path, monkeypatch):
