@@ -32,9 +32,9 @@ The model is analytic in its structure and fitted in its constants:
 width that is not a multiple of 64 where B gets the full swizzle takes them from the widths
 around it (`full_swizzle_constants`). 8-bit problems take a family's `families_8bit` constants
 where the calibration holds them (fitted to 8-bit timings, A and B K-major as their WGMMAs
-read them), else the 16-bit family's: a k-tile is 128 bytes of K either way, twice the elements at twice
-the MMA rate. The shipped calibration holds none: fits to fp8 timings reordered the top k
-without a gain on the suites (`docs/ranking.md`).
+read them), else the 16-bit family's: a k-tile is 128 bytes of K either way, twice the
+elements at twice the MMA rate. The shipped calibration holds none: fits to fp8 timings
+reordered the top k without a gain on the suites (`docs/ranking.md`).
 A family without measurements falls back to the tile's MMA work at an efficiency that grows
 with the tile. Raster order and swizzle are not modelled:
 they are swept by timing, on binaries already compiled; a pick is first run in bands
