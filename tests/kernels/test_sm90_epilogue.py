@@ -68,3 +68,23 @@ def test_a_smaller_group_limit_is_kept(largest: int) -> None:
     for subtiles in range(1, 30):
         assert max(size for size, _ in subtile_groups(subtiles, 13, largest)) <= largest
         replay(subtiles, 13, tiles=3, largest=largest)
+
+
+def test_thread_stores_tile_every_sub_tile_with_warps_along_the_contiguous_mode():
+    from gemmtune.kernels.sm90 import rules
+    from gemmtune.kernels.sm90.epilogue import store_thread_shape
+
+    for config in rules.implemented_configs():
+        epi_m, epi_n = rules.epi_tile(config)
+        threads = rules.THREADS_PER_WARPGROUP
+        if config.schedule.value == "cooperative":
+            threads *= rules.consumer_warpgroups(config)
+        for m_major in (False, True):
+            rows, cols = store_thread_shape((epi_m, epi_n), threads, m_major)
+            assert rows * cols == threads
+            assert epi_m % rows == 0 and epi_n % cols == 0
+            # a warp's 32 threads write consecutive elements of one row (column)
+            contiguous = rows if m_major else cols
+            assert contiguous % 32 == 0 or contiguous == epi_n == 16
+    with pytest.raises(ValueError):
+        store_thread_shape((64, 16), 384, m_major=True)

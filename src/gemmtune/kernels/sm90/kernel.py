@@ -39,7 +39,7 @@ from gemmtune.kernels.reduction import (
 from gemmtune.kernels.scaling import scale_accumulators, stage_tile_scales, wait_tile_scales
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import mainloop, rules
-from gemmtune.kernels.sm90.epilogue import TmaStoreEpilogue, store_direct
+from gemmtune.kernels.sm90.epilogue import StagedEpilogue
 
 # Named barrier ids (0 is __syncthreads): one epilogue barrier per consumer group, then the
 # ping-pong order barriers, one per warpgroup and per stage.
@@ -462,7 +462,7 @@ class HopperGemm:
         tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
         tile_m, tile_n, _ = self.tile_shape_mnk
-        # the output's tiles as the TMA store addresses them (its coordinates), and in memory
+        # the output's tiles as the store addresses them (TMA: its coordinates), and in memory
         gC_store = cute.local_tile(store_target, (tile_m, tile_n), (None, None, None))
         gC = cute.local_tile(mC, (tile_m, tile_n), (None, None, None))  # (bM,bN,RM,RN,L)
         accumulators = cute.make_rmem_tensor(
@@ -476,24 +476,25 @@ class HopperGemm:
         cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
         cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
 
-        if cutlass.const_expr(self.config.tma_store):
-            sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
-            stmatrix = cute.make_copy_atom(
-                warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.Float16
-            )
-            epilogue = TmaStoreEpilogue.create(
-                tiled_mma,
-                sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, self.acc_dtype),
-                stmatrix,
-                sC,
-                self.epi_tile,
-                self.epi_stages,
-                self.epi_group,
-                thread_in_group,
-                group_threads,
-                barrier_id,
-                self.out_dtype,
-            )
+        sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
+        stmatrix = cute.make_copy_atom(
+            warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.Float16
+        )
+        epilogue = StagedEpilogue.create(
+            tiled_mma,
+            sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, self.acc_dtype),
+            stmatrix,
+            sC,
+            self.epi_tile,
+            self.epi_stages,
+            self.epi_group,
+            thread_in_group,
+            group_threads,
+            barrier_id,
+            self.out_dtype,
+            self.config.tma_store,
+            self.c_layout.is_m_major_c(),
+        )
         scale_buffer = None
         tile_coords = None
         if cutlass.const_expr(self.per_row):
@@ -504,10 +505,9 @@ class HopperGemm:
             group = 0 if self.cooperative else consumer
             scale_buffer = scale_buffers[(None, group)]
             tile_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
-        if cutlass.const_expr(not self.config.tma_store or self.scatters):
-            coords = cute.local_tile(
-                cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
-            )
+        coords = cute.local_tile(
+            cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
+        )
 
         read_state = pipeline.make_pipeline_state(
             pipeline.PipelineUserType.Consumer, self.ab_stages
@@ -642,29 +642,22 @@ class HopperGemm:
                             if final:
                                 gather_partials(accumulators, shared)
                 if final:
-                    if cutlass.const_expr(self.config.tma_store):
-                        ring_start = 0
-                        if cutlass.const_expr(self.cooperative):
-                            ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))
-                        epilogue.store_tile(
-                            accumulators,
-                            store_atom,
-                            gC_store[(None, None, tile_m_idx, tile_n_idx, batch)],
-                            ring_start,
-                            is_store_warp,
-                        )
-                        if cutlass.const_expr(not self.cooperative):
-                            # the other warpgroup reuses the shared buffers: let them be read
-                            epilogue.finish(is_store_warp)
-                    else:
-                        store_direct(
-                            accumulators,
-                            thr_mma,
-                            gC[(None, None, tile_m_idx, tile_n_idx, batch)],
-                            coords[(None, None, tile_m_idx, tile_n_idx, batch)],
-                            (mC.shape[0], mC.shape[1]),
-                            self.out_dtype,
-                        )
+                    ring_start = 0
+                    if cutlass.const_expr(self.cooperative):
+                        ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))
+                    tile = (None, None, tile_m_idx, tile_n_idx, batch)
+                    epilogue.store_tile(
+                        accumulators,
+                        store_atom,
+                        gC_store[tile],
+                        coords[tile],
+                        (mC.shape[0], mC.shape[1]),
+                        ring_start,
+                        is_store_warp,
+                    )
+                    if cutlass.const_expr(not self.cooperative):
+                        # the other warpgroup reuses the shared buffers: let them be read
+                        epilogue.finish(is_store_warp)
                     tiles_stored += 1
                 if cutlass.const_expr(not self.cooperative):
                     cute.arch.barrier_arrive(
@@ -678,5 +671,5 @@ class HopperGemm:
         if cutlass.const_expr(self.dependent_launch):
             # the next kernel may launch (its own wait keeps it from our memory until we finish)
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.config.tma_store and self.cooperative):
+        if cutlass.const_expr(self.cooperative):
             epilogue.finish(is_store_warp)

@@ -173,8 +173,6 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
         return (capacity - epi_stages * epi_stage_bytes) // ab_stage_bytes
 
-    if not config.tma_store:
-        return SmemPlan(ab_stages(0, 0), 0, ab_stage_bytes, 0, scale_bytes=scale_bytes)
     epi_m, epi_n = epi_tile(config)
     epi_stage_bytes = epi_m * epi_n * signature.out_bytes
     subtiles = (config.tile_m // epi_m) * (config.tile_n // epi_n)
@@ -277,8 +275,8 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     would spill or compute otherwise than it should, or None: promoted fp8 accumulation over
     stages wider than the 128 elements it sums the tensor cores' results after, or with two
     register tiles beyond what a consumer holds; more than 192 accumulator registers with a
-    batch index to carry, 192 or more stored directly to an M-major output, and
-    `BATCHED_SPILLING_TILES`. The compile test of every signature checks these limits."""
+    batch index to carry, 192 or more written by thread stores (no TMA) to an M-major output,
+    and `BATCHED_SPILLING_TILES`. The compile test of every signature checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.promoted and config.stage_k_bytes != TILE_K_BYTES:
@@ -296,7 +294,7 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
         return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
     if not config.tma_store and built_for.out_major == "m" and regs >= 192:
-        return f"{regs} accumulator registers spill when stored directly to an M-major output"
+        return f"{regs} accumulator registers spill in thread stores to an M-major output"
     return None
 
 
