@@ -142,7 +142,7 @@ UNALIGNED_SIGNATURES = [
 
 
 @needs_nvdisasm
-def test_unaligned_outputs_compile_with_direct_stores_in_every_decomposition(pool):
+def test_unaligned_outputs_compile_with_thread_stores_in_every_decomposition(pool):
     """A data-parallel, a split-K (which stores from the reduction) and a stream-K binary,
     swapped or not, for each signature of an output TMA cannot store."""
     configs = [
