@@ -419,3 +419,19 @@ def test_a_wide_stage_has_a_family_of_its_own():
     a_wide = model.constants(wide)[0]
     a_analytic = RankingModel(calibration={}).constants(narrow)[0]
     assert a_wide == pytest.approx(2 * a_analytic)
+
+
+def test_thread_stores_are_ranked_only_where_tma_cannot_store_the_output():
+    model = RankingModel()
+    # rows of 4,200 bytes: TMA cannot store them, and thread stores are all the space has
+    ragged = problem(2050, 2100, 2000, linear=True)
+    assert not ragged.out_aligned
+    top = model.top_k(ragged, candidates(ragged, orders=False), 8)
+    assert len(top) == 8 and not any(c.tma_store for c in top)
+    # rows of 4,224: the TMA store's binaries take every place, whatever the fitted families
+    # predict for their thread-store twins
+    aligned = problem(2050, 2112, 2000, linear=True)
+    space = candidates(aligned, orders=False)
+    assert any(not c.tma_store for c in space)
+    picks = model.top_k(aligned, space, 8)
+    assert len(picks) == 8 and all(c.tma_store for c in picks)

@@ -118,7 +118,7 @@ ONCE_TWIN_SHAPES = ((2, 1), (1, 2), (4, 1), (1, 4), (2, 2))
 #: a weight against a batch of activations. Where the two are alike (small-MN problems split
 #: along K) every config fetches both several times.
 ONCE_OPERAND_RATIO = 8
-#: A binary with the TMA-store epilogue and its twin with direct stores, or the same tile in
+#: A binary with the TMA-store epilogue and its twin with thread stores, or the same tile in
 #: another cluster shape, predicted within `TIE_MARGIN` of each other, are a tie the model
 #: cannot order: at the memory floor they stream the same bytes. One of a tie takes a place in
 #: the top k, so that one tile's variants cannot fill it (a decode problem's top 8 held three
@@ -152,6 +152,16 @@ def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:
     b_larger = problem.n >= problem.m
     kernel_a_larger = b_larger == config.swap_ab
     return (grid.clusters_n if kernel_a_larger else grid.clusters_m) == 1
+
+
+def stores_by_threads_beside_tma(config: GemmConfig, offered: dict | set) -> bool:
+    """Whether `config` stores by threads where its TMA-store twin is offered too (an output
+    TMA can store). `top_k` never picks such a config: one warp stores asynchronously where
+    every thread of a thread store waits for its own, and timed side by side they were never
+    faster (0.5-5 % slower on 4096^3, equal on 128 x 6144 x 4096; `docs/kernels.md`), while
+    their families, fitted on another day's timings than the TMA-store ones, put some ahead by
+    more than `TIE_MARGIN`. They serve outputs TMA cannot store, where they are all there is."""
+    return not config.tma_store and dataclasses.replace(config, tma_store=True) in offered
 
 
 def in_first_order(config: GemmConfig) -> GemmConfig:
@@ -391,9 +401,11 @@ class RankingModel:
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
         would spend two places on one guess; for the same reason a tie of epilogues or cluster
-        shapes (`tie_key`, `TIE_MARGIN`) takes one place. A narrow tile's 256-byte stages take
-        a place only when predicted faster than its 128-byte ones (at the memory floor, where
-        they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
+        shapes (`tie_key`, `TIE_MARGIN`) takes one place, and a thread-store config none where
+        its TMA-store twin is offered. A narrow tile's
+        256-byte stages take a place only when predicted faster than its 128-byte ones (at the
+        memory floor, where they rank ahead of every 128-byte config), and its 128-byte stages
+        none there. Where
         none of the k reads the larger operand once and a config that does is predicted
         within `ONCE_MARGIN`, the best such config comes as a (k+1)-th. Before that, a one-wave
         config that reads it twice gives its place to its twin that reads it once
@@ -429,6 +441,8 @@ class RankingModel:
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
                 continue
             if predicted.get(wider_stages(config), math.inf) < t:
+                continue
+            if stores_by_threads_beside_tma(config, predicted):
                 continue
             tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
@@ -492,9 +506,12 @@ class RankingModel:
         if any(reads_larger_once(c, problem) for c in top):
             return None
         limit = ranked[0][0] * (1 + ONCE_MARGIN)
+        offered = {c for _, c in ranked}
         for t, config in ranked:
             if t > limit:
                 return None
-            if reads_larger_once(config, problem):
+            if reads_larger_once(config, problem) and not stores_by_threads_beside_tma(
+                config, offered
+            ):
                 return config
         return None
