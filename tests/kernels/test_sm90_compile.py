@@ -48,7 +48,7 @@ def _check(pool, jobs):
 @needs_nvdisasm
 def test_every_implemented_config_compiles_to_hgmma_without_spills(pool):
     configs = rules.implemented_configs()
-    assert len(configs) == 924  # 108 of them narrow tiles with 256-byte stages
+    assert len(configs) == 906  # 108 of them narrow tiles with 256-byte stages
     reports = _check(pool, [CompileJob(c, KernelSignature()) for c in configs])
     assert {r.config_key for r in reports} == {c.compile_key for c in configs}
 
@@ -103,7 +103,7 @@ def test_every_signature_compiles(pool):
     configs = [
         GemmConfig(tile_m=256, tile_n=208, cluster_n=2, swap_ab=True),
         GemmConfig(tile_m=128, tile_n=256, cluster_m=2),
-        GemmConfig(tile_m=128, tile_n=192, schedule="pingpong", cluster_n=2, tma_store=False),
+        GemmConfig(tile_m=256, tile_n=192, cluster_n=2, tma_store=False),
         GemmConfig(tile_m=256, tile_n=128, tma_store=False),
         GemmConfig(tile_m=64, tile_n=256, schedule="pingpong", cluster_m=2, cluster_n=2),
         GemmConfig(tile_m=128, tile_n=16, swap_ab=True),
@@ -111,7 +111,8 @@ def test_every_signature_compiles(pool):
     ]
     jobs = [CompileJob(configs[i % len(configs)], sig) for i, sig in enumerate(SIGNATURES)]
     refused = [j for j in jobs if rules.signature_reason(j.config, j.signature)]
-    # the rules refuse what spills (batched 256x208, 128x192 ping-pong storing M-major)
+    # the rules refuse what spills (batched 256x208; 256x192 thread stores to an M-major or
+    # fp32 output)
     assert {j.config.tile_n for j in refused} == {192, 208}
     _check(pool, [j for j in jobs if j not in refused])
 

@@ -20,12 +20,13 @@ def problem(m, n, k, dtype=torch.bfloat16, arch=Arch.SM90, b_cols_major=False):
 def test_sm90_space_counts_and_validity():
     p = problem(4096, 4096, 4096)
     configs = candidates(p)
-    # 2700 binaries: 924 data-parallel, 924 stream-K, 852 split-K (7 split counts; not the
-    # 72 whose reduction spills), 108 of each the narrow tiles with 256-byte stages, each also
-    # swapped but for the 24 data-parallel and 24 stream-K ones with 192+ accumulators and
-    # thread stores (spill on the swapped, M-major output), x 8 runtime
-    assert len(binaries(p)) == 2700 * 2 - 48
-    assert len(configs) == ((924 + 924 + 852 * 7) * 2 - 48) * 8
+    # 2646 binaries: 906 data-parallel, 888 stream-K, 852 split-K (7 split counts; not the
+    # 72 whose reduction spills, nor the thread-store tiles that spill), 108 of each the narrow
+    # tiles with 256-byte stages, each also swapped but for the 12 cooperative data-parallel
+    # ones with 192+ accumulators and thread stores (spill on the swapped, M-major output),
+    # x 8 runtime
+    assert len(binaries(p)) == 2646 * 2 - 12
+    assert len(configs) == ((906 + 888 + 852 * 7) * 2 - 12) * 8
     assert len({c.key for c in configs}) == len(configs)
     assert all(sm90.serves(c, p) is None for c in configs)
     assert {c.decomposition for c in configs} == set(Decomposition)

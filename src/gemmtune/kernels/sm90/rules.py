@@ -47,6 +47,10 @@ CONSUMER_OVERHEAD_REGISTERS = 32
 #: Split-K's scattered sum needs registers beyond the accumulators: its tiles spill above this
 #: many accumulator registers per thread.
 SPLIT_K_MAX_ACCUMULATOR_REGISTERS = 160
+#: Thread stores (`epilogue.StagedEpilogue` without TMA) spill beside this many accumulator
+#: registers or more in a ping-pong tile (128x176-128x208: 2-66 local-memory operations) and in
+#: a cooperative stream-K one (256x176, 256x208: 2-6); cooperative data-parallel tiles do not.
+THREAD_STORE_SPILLING_REGISTERS = 176
 #: Accumulator registers from which a tile shared between items spills with the grouped
 #: epilogue, so those keep at most four buffers and store one sub-tile per barrier.
 STREAM_K_GROUPED_EPILOGUE_SPILLS = 192
@@ -229,6 +233,15 @@ def implements(config: GemmConfig) -> str | None:
             f"split-K's reduction spills with {regs} accumulator registers per thread (at most "
             f"{SPLIT_K_MAX_ACCUMULATOR_REGISTERS})"
         )
+    if (
+        not config.tma_store
+        and regs >= THREAD_STORE_SPILLING_REGISTERS
+        and (config.schedule is Schedule.PINGPONG or config.decomposition is Decomposition.STREAM_K)
+    ):
+        return (
+            f"thread stores spill beside {regs} accumulator registers per thread "
+            f"({config.schedule.value}, {config.decomposition.value})"
+        )
     plan = smem_plan(config, KernelSignature(out_dtype="fp32"))
     if plan.ab_stages < MIN_AB_STAGES:
         return f"only {plan.ab_stages} A/B stages fit in shared memory"
@@ -275,8 +288,9 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     would spill or compute otherwise than it should, or None: promoted fp8 accumulation over
     stages wider than the 128 elements it sums the tensor cores' results after, or with two
     register tiles beyond what a consumer holds; more than 192 accumulator registers with a
-    batch index to carry, 192 or more written by thread stores (no TMA) to an M-major output,
-    and `BATCHED_SPILLING_TILES`. The compile test of every signature checks these limits."""
+    batch index to carry, 192 or more written by thread stores (no TMA) to an M-major or a
+    4-byte output, and `BATCHED_SPILLING_TILES`. The compile test of every signature checks
+    these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.promoted and config.stage_k_bytes != TILE_K_BYTES:
@@ -293,8 +307,9 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
         return f"{regs} accumulator registers per thread spill with a batch dimension"
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
         return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
-    if not config.tma_store and built_for.out_major == "m" and regs >= 192:
-        return f"{regs} accumulator registers spill in thread stores to an M-major output"
+    wide_or_m_major = built_for.out_major == "m" or built_for.out_bytes == 4
+    if not config.tma_store and wide_or_m_major and regs >= 192:
+        return f"{regs} accumulator registers spill in thread stores to this output"
     return None
 
 
