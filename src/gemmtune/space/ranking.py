@@ -156,7 +156,7 @@ def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:
 
 def stores_by_threads_beside_tma(config: GemmConfig, offered: dict | set) -> bool:
     """Whether `config` stores by threads where its TMA-store twin is offered too (an output
-    TMA can store). `top_k` never picks such a config: one warp stores asynchronously where
+    TMA can store). `top_k` does not rank such a config: one warp stores asynchronously where
     every thread of a thread store waits for its own, and timed side by side they were never
     faster (0.5-5 % slower on 4096^3, equal on 128 x 6144 x 4096; `docs/kernels.md`), while
     their families, fitted on another day's timings than the TMA-store ones, put some ahead by
@@ -401,16 +401,22 @@ class RankingModel:
         twin, and a split-K or stream-K config only when predicted faster than its
         data-parallel twin: where the model sees no difference between the two, timing both
         would spend two places on one guess; for the same reason a tie of epilogues or cluster
-        shapes (`tie_key`, `TIE_MARGIN`) takes one place, and a thread-store config none where
-        its TMA-store twin is offered. A narrow tile's
-        256-byte stages take a place only when predicted faster than its 128-byte ones (at the
-        memory floor, where they rank ahead of every 128-byte config), and its 128-byte stages
-        none there. Where
+        shapes (`tie_key`, `TIE_MARGIN`) takes one place, and a thread-store config is not
+        ranked where its TMA-store twin is offered. A narrow tile's 256-byte stages take a
+        place only when predicted faster than its 128-byte ones (at the memory floor, where
+        they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
         none of the k reads the larger operand once and a config that does is predicted
         within `ONCE_MARGIN`, the best such config comes as a (k+1)-th. Before that, a one-wave
         config that reads it twice gives its place to its twin that reads it once
         (`_once_twin`; two that share a twin leave one place empty)."""
-        defaults = [c for c in configs if c.raster is Raster.ALONG_M and c.swizzle == 1]
+        offered = set(configs)
+        defaults = [
+            c
+            for c in configs
+            if c.raster is Raster.ALONG_M
+            and c.swizzle == 1
+            and not stores_by_threads_beside_tma(c, offered)
+        ]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
 
@@ -441,8 +447,6 @@ class RankingModel:
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
                 continue
             if predicted.get(wider_stages(config), math.inf) < t:
-                continue
-            if stores_by_threads_beside_tma(config, predicted):
                 continue
             tie = ties.setdefault(tie_key(config), [])
             if any(t <= other * (1 + TIE_MARGIN) for other in tie):
@@ -506,12 +510,9 @@ class RankingModel:
         if any(reads_larger_once(c, problem) for c in top):
             return None
         limit = ranked[0][0] * (1 + ONCE_MARGIN)
-        offered = {c for _, c in ranked}
         for t, config in ranked:
             if t > limit:
                 return None
-            if reads_larger_once(config, problem) and not stores_by_threads_beside_tma(
-                config, offered
-            ):
+            if reads_larger_once(config, problem):
                 return config
         return None
