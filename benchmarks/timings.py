@@ -99,6 +99,7 @@ class ShapeRun:
         runs: int,
         warmup_ms: float = 5.0,
         window_ms: float = 0.0,
+        max_runs: int = 2000,
     ):
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.m, self.n, self.k, self.signature = m, n, k, signature
@@ -111,18 +112,15 @@ class ShapeRun:
         scales = random_scales(signature, m, n, "cuda", gen)
         self.scales = kernel_scales(scales)
         self.ref = reference_product(self.a, self.b, scales)
-        self.window_ms, self.max_runs = window_ms, 2000
+        # each config in a window of `window_ms` (at most `max_runs` runs) after one of
+        # torch's product; 0: `runs` runs after the warm-up
+        self.window_ms, self.max_runs = window_ms, max_runs
 
         def contender() -> None:
             torch_product(self.a, self.b, scales, self.out.dtype)
 
         self.contender = contender
         self.kernels, self.flush, self.runs, self.warmup_ms = kernels, flush, runs, warmup_ms
-
-    def windows(self, window_ms: float, max_runs: int) -> None:
-        """Time each config in a window of `window_ms` (at most `max_runs` runs) after one of
-        torch's product; 0 times `runs` runs after the warm-up instead."""
-        self.window_ms, self.max_runs = window_ms, max_runs
 
     def measure(self, config) -> tuple[float | None, float]:
         """(median ms or None when the output is wrong, relative error)."""
@@ -256,10 +254,10 @@ def main(argv: list[str] | None = None) -> Path:
             f"{datetime.date.today()} on {', '.join(sorted(names))}, the other rows from "
             f"{args.merge.name} (its method: {earlier['method']})"
         )
+    window = (args.windows, args.max_runs)
     for shape in shapes:
         m, n, k = shape["m"], shape["n"], shape["k"]
-        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs, args.warmup_ms)
-        run.windows(args.windows, args.max_runs)
+        run = ShapeRun(m, n, k, signature, kernels, flush, args.runs, args.warmup_ms, *window)
         start = time.perf_counter()
         timed = []
         for config in configs:
