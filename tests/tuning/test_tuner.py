@@ -341,3 +341,35 @@ def test_a_kernel_replaces_cublas_only_by_a_margin(best_ms, cublas_ms, backend):
     )
     assert 1 - 0.995 < CUBLAS_MARGIN < 1 - 0.98
     assert result.backend == backend
+
+
+def test_the_final_takes_each_binarys_fastest_order_before_any_second_order():
+    from gemmtune.tuning.tuner import CandidateResult, finalists_of
+
+    def result(key, ms):
+        return CandidateResult(GemmConfig.from_key(key), None, ms)
+
+    tile = "sm90_128x16_c1x1_swap_pp_tma_k256_dp"
+    results = [
+        result(f"{tile}_rn_s1", 0.2143),
+        result(f"{tile}_rn_s8", 0.2146),
+        result(f"{tile}_rm_s8", 0.2147),
+        result("sm90_128x16_c1x2_swap_pp_tma_k256_dp_rn_s1", 0.2148),
+        result("sm90_128x32_c1x1_swap_pp_tma_k256_dp_rm_s8", 0.2175),
+        CandidateResult(
+            GemmConfig.from_key("sm90_64x16_c1x1_swap_pp_tma_k256_dp_rm_s8"), None, None
+        ),
+        result("sm90_64x256_c1x1_pp_tma_dp_rm_s8", 0.2500),  # beyond the margin
+    ]
+    keys = [r.config.key for r in finalists_of(results, 4, 0.10)]
+    assert keys == [
+        f"{tile}_rn_s1",
+        "sm90_128x16_c1x2_swap_pp_tma_k256_dp_rn_s1",
+        "sm90_128x32_c1x1_swap_pp_tma_k256_dp_rm_s8",
+        f"{tile}_rn_s8",
+    ]
+    # with more places than binaries, the other orders follow, fastest first; never one
+    # beyond the margin or one that failed
+    keys = [r.config.key for r in finalists_of(results, 10, 0.10)]
+    assert keys[3:] == [f"{tile}_rn_s8", f"{tile}_rm_s8"]
+    assert finalists_of([], 4, 0.10) == []
