@@ -7,6 +7,7 @@ consumers) and two consumer warpgroups issuing WGMMA (three for 192-row tiles).
   WGMMAs do not compete and each finds its stages in the expected phase) and their
   epilogues (they share the epilogue's shared memory), so one's epilogue overlaps the
   other's mainloop.
+The producer warp's loop is `mainloop.produce`, the consumer warpgroups' `consumer.consume`.
 
 Tensors arrive in torch's order and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L)
 at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched. A scaled (fp8)
@@ -19,7 +20,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
 
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
@@ -30,26 +31,14 @@ from gemmtune.kernels.operands import (
     kernel_operands,
     operand_layouts,
 )
-from gemmtune.kernels.reduction import (
-    SharedTile,
-    gather_partials,
-    publish_partial,
-    reduce_share,
-)
-from gemmtune.kernels.scaling import scale_accumulators, stage_tile_scales, wait_tile_scales
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.kernels.sm90 import mainloop, rules
-from gemmtune.kernels.sm90.epilogue import StagedEpilogue
-
-# Named barrier ids (0 is __syncthreads): one epilogue barrier per consumer group, then the
-# ping-pong order barriers, one per warpgroup and per stage.
-EPILOGUE_BARRIER = 1
-MMA_ORDER_BARRIER = 3
-EPILOGUE_ORDER_BARRIER = 5
+from gemmtune.kernels.sm90 import consumer, mainloop, rules
 
 
 class HopperGemm:
-    """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`)."""
+    """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`).
+
+    `consumer.consume` reads the compile-time plan that `__init__` sets off this object."""
 
     def __init__(
         self, config: GemmConfig, signature: KernelSignature, *, dependent_launch: bool = True
@@ -388,7 +377,8 @@ class HopperGemm:
             cute.arch.setmaxregister_increase(self.consumer_registers)
             if cutlass.const_expr(self.dependent_launch):
                 cute.arch.griddepcontrol_wait()
-            self.consume(
+            consumer.consume(
+                self,
                 ab_pipeline,
                 scheduler,
                 cta_in_cluster,
@@ -408,268 +398,3 @@ class HopperGemm:
                 warp_idx,
                 warp_group - 1,
             )
-
-    @cute.jit
-    def consume(
-        self,
-        ab_pipeline: pipeline.PipelineTmaAsync,
-        scheduler: sched.TileScheduler,
-        cta_in_cluster: tuple,
-        tiled_mma: cute.TiledMma,
-        sA: cute.Tensor,
-        sB: cute.Tensor,
-        smem: SmemAllocator,
-        epi_smem: cute.ComposedLayout,
-        store_atom: cute.CopyAtom,
-        store_target: cute.Tensor,
-        mC: cute.Tensor,
-        row_scale: cute.Tensor | None,
-        col_scale: cute.Tensor | None,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        tidx: Int32,
-        warp_idx: Int32,
-        consumer: Int32,
-    ):
-        """The consumer warpgroups: mainloop, turnstile and epilogue of each of their items.
-
-        Every consumer warpgroup walks the CTA's whole item sequence, the producer's order.
-        Cooperative warpgroups compute every item together; a ping-pong warpgroup computes
-        every other one and skips the other's k-tiles in the pipeline.
-        """
-        wg = rules.THREADS_PER_WARPGROUP
-        thread_in_group = tidx - wg
-        group_threads = self.tile_threads
-        barrier_id = EPILOGUE_BARRIER
-        store_warp = wg // 32
-        if cutlass.const_expr(not self.cooperative):
-            thread_in_group = (tidx - wg) % wg
-            group_threads = wg
-            barrier_id = EPILOGUE_BARRIER + consumer
-            store_warp = wg // 32 + consumer * (wg // 32)
-        is_store_warp = warp_idx == store_warp
-        group_barrier = pipeline.NamedBarrier(barrier_id=barrier_id, num_threads=group_threads)
-
-        thr_mma = tiled_mma.get_slice(thread_in_group)
-        # The A/B fragments are shared-memory descriptors, one per warpgroup: slicing by the
-        # warpgroup's first thread (warp-uniform) keeps their arithmetic in uniform registers;
-        # sliced by the thread index, each WGMMA's descriptor is rebuilt in vector registers
-        # every k-tile.
-        group_first_thread = 0
-        if cutlass.const_expr(self.cooperative):
-            group_first_thread = consumer * wg
-        wg_mma = tiled_mma.get_slice(group_first_thread)
-        tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
-        tile_m, tile_n, _ = self.tile_shape_mnk
-        # the output's tiles as the store addresses them (TMA: its coordinates), and in memory
-        gC_store = cute.local_tile(store_target, (tile_m, tile_n), (None, None, None))
-        gC = cute.local_tile(mC, (tile_m, tile_n), (None, None, None))  # (bM,bN,RM,RN,L)
-        accumulators = cute.make_rmem_tensor(
-            thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, self.acc_dtype
-        )
-        if cutlass.const_expr(self.promoted):
-            partials = cute.make_rmem_tensor(accumulators.shape, self.acc_dtype)
-            spare = None
-            if cutlass.const_expr(rules.promotion_buffers(self.config) == 2):
-                spare = cute.make_rmem_tensor(accumulators.shape, self.acc_dtype)
-        cluster_ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
-        cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * self.cluster_shape_mn[0]
-
-        sC = smem.allocate_tensor(self.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
-        stmatrix = cute.make_copy_atom(
-            warp.StMatrix8x8x16bOp(self.c_layout.is_m_major_c(), 4), cutlass.Float16
-        )
-        epilogue = StagedEpilogue.create(
-            tiled_mma,
-            sm90_utils.sm90_get_smem_store_op(self.c_layout, self.out_dtype, self.acc_dtype),
-            stmatrix,
-            sC,
-            self.epi_tile,
-            self.epi_stages,
-            self.epi_group,
-            thread_in_group,
-            group_threads,
-            barrier_id,
-            self.out_dtype,
-            self.config.tma_store,
-            self.c_layout.is_m_major_c(),
-        )
-        scale_buffer = None
-        tile_coords = None
-        if cutlass.const_expr(self.per_row):
-            groups = 1 if self.cooperative else self.consumers
-            scale_buffers = smem.allocate_tensor(
-                cutlass.Float32, cute.make_layout((tile_m + tile_n, groups)), 16
-            )
-            group = 0 if self.cooperative else consumer
-            scale_buffer = scale_buffers[(None, group)]
-            tile_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
-        coords = cute.local_tile(
-            cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
-        )
-
-        read_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.ab_stages
-        )
-        cluster = sched.cluster_index()
-        if cutlass.const_expr(not self.cooperative):
-            if consumer == 1:
-                # warpgroup 0 goes first in both orders
-                cute.arch.barrier_arrive(barrier_id=MMA_ORDER_BARRIER, number_of_threads=2 * wg)
-                cute.arch.barrier_arrive(
-                    barrier_id=EPILOGUE_ORDER_BARRIER, number_of_threads=2 * wg
-                )
-        position = scheduler.first_position(cluster)
-        item_index = Int32(0)
-        tiles_stored = Int32(0)
-        while scheduler.valid(position, cluster):
-            (
-                unit,
-                k_begin,
-                k_end,
-                segment,
-                segments,
-                partial_slot,
-                first_slot,
-                counter,
-                owner,
-                next_position,
-            ) = scheduler.item(position, cluster)
-            mine = True
-            if cutlass.const_expr(not self.cooperative):
-                mine = item_index % 2 == consumer
-            if mine:
-                tile_m_idx, tile_n_idx, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
-                if cutlass.const_expr(not self.cooperative):
-                    cute.arch.barrier(
-                        barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg
-                    )
-                if cutlass.const_expr(self.per_row):
-                    # The group's threads have all read the buffer's last tile: ping-pong's
-                    # order barrier just waited for each of them, cooperative warpgroups wait.
-                    if cutlass.const_expr(self.cooperative):
-                        group_barrier.arrive_and_wait()
-                    stage_tile_scales(
-                        scale_buffer,
-                        row_scale,
-                        col_scale,
-                        (tile_m, tile_n),
-                        (tile_m_idx * tile_m, tile_n_idx * tile_n),
-                        (mC.shape[0], mC.shape[1]),
-                        thread_in_group,
-                        group_threads,
-                    )
-                if cutlass.const_expr(self.promoted):
-                    read_state = mainloop.mma_tile_promoted(
-                        ab_pipeline,
-                        read_state,
-                        tiled_mma,
-                        accumulators,
-                        partials,
-                        spare,
-                        tCrA,
-                        tCrB,
-                        k_end - k_begin,
-                    )
-                else:
-                    read_state, release_state = mainloop.mma_tile(
-                        ab_pipeline,
-                        read_state,
-                        tiled_mma,
-                        accumulators,
-                        tCrA,
-                        tCrB,
-                        k_end - k_begin,
-                    )
-                if cutlass.const_expr(not self.cooperative):
-                    cute.arch.barrier_arrive(
-                        barrier_id=MMA_ORDER_BARRIER + 1 - consumer, number_of_threads=2 * wg
-                    )
-                    cute.arch.barrier(
-                        barrier_id=EPILOGUE_ORDER_BARRIER + consumer, number_of_threads=2 * wg
-                    )
-                if cutlass.const_expr(not self.promoted):
-                    mainloop.drain(ab_pipeline, release_state)
-                if cutlass.const_expr(self.applies_scales):
-                    # scaling is linear: each split's partial is scaled before the reduction
-                    if cutlass.const_expr(self.per_row):
-                        wait_tile_scales(group_barrier)
-                    scale_accumulators(
-                        accumulators,
-                        tile_coords,
-                        row_scale,
-                        col_scale,
-                        scale_buffer,
-                        tile_m,
-                        self.per_row,
-                    )
-                final = True
-                if cutlass.const_expr(self.shares_tiles):
-                    if segments > 1:
-                        # slots and counters are per CTA of the cluster
-                        shared = SharedTile(
-                            workspace,
-                            counters,
-                            first_slot * cluster_ctas + cta_rank,
-                            cluster_ctas,
-                            counter * cluster_ctas + cta_rank,
-                            segment,
-                            segments,
-                            thread_in_group,
-                            group_threads,
-                            group_barrier,
-                            self.acc_dtype,
-                        )
-                        if segment != owner:  # every split-K split; stream-K's non-owners
-                            publish_partial(
-                                accumulators, shared, partial_slot * cluster_ctas + cta_rank
-                            )
-                        if cutlass.const_expr(self.scatters):
-                            final = False
-                            tile = (None, None, tile_m_idx, tile_n_idx, batch)
-                            reduce_share(
-                                cute.size(accumulators),
-                                shared,
-                                thr_mma.partition_C(gC[tile]),
-                                thr_mma.partition_C(coords[tile]),
-                                (mC.shape[0], mC.shape[1]),
-                                self.out_dtype,
-                                self.share_registers,
-                            )
-                        else:
-                            final = segment == owner
-                            if final:
-                                gather_partials(accumulators, shared)
-                if final:
-                    ring_start = 0
-                    if cutlass.const_expr(self.cooperative):
-                        ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))
-                    tile = (None, None, tile_m_idx, tile_n_idx, batch)
-                    epilogue.store_tile(
-                        accumulators,
-                        store_atom,
-                        gC_store[tile],
-                        coords[tile],
-                        (mC.shape[0], mC.shape[1]),
-                        ring_start,
-                        is_store_warp,
-                    )
-                    if cutlass.const_expr(not self.cooperative):
-                        # the other warpgroup reuses the shared buffers: let them be read
-                        epilogue.finish(is_store_warp)
-                    tiles_stored += 1
-                if cutlass.const_expr(not self.cooperative):
-                    cute.arch.barrier_arrive(
-                        barrier_id=EPILOGUE_ORDER_BARRIER + 1 - consumer,
-                        number_of_threads=2 * wg,
-                    )
-            else:
-                read_state.advance(k_end - k_begin)
-            position = next_position
-            item_index += 1
-        if cutlass.const_expr(self.dependent_launch):
-            # the next kernel may launch (its own wait keeps it from our memory until we finish)
-            cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.cooperative):
-            epilogue.finish(is_store_warp)
