@@ -3,8 +3,13 @@
 import dataclasses
 
 import pytest
+import test_sm90_fp8_gpu as fp8_cases
+from test_sm90_gpu import CASE_LINES, parse_case
 
 from gemmtune.core.config import GemmConfig
+from gemmtune.core.device import Arch
+from gemmtune.core.dtypes import torch_dtype
+from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 
@@ -154,3 +159,45 @@ def test_per_row_scales_take_their_buffers_from_the_ab_stages():
     # leave the epilogue's buffers what they had per tensor
     config = GemmConfig(tile_m=128, tile_n=256, schedule="pingpong")
     assert rules.smem_plan(config, row).ab_stages == rules.smem_plan(config, tensor).ab_stages
+
+
+@pytest.mark.parametrize("case", CASE_LINES)
+def test_every_gpu_case_is_one_the_rules_serve(case):
+    """A case of the GPU table whose config the rules stop serving would fail only on a GPU
+    machine; here it fails wherever the tests run."""
+    config, (m, n, k, l), layout, ab, out_dtype, out_major = parse_case(case)
+    problem = GemmProblem.of_shape(
+        m,
+        n,
+        k,
+        l if l > 1 else None,
+        dtype=torch_dtype(ab),
+        out_dtype=torch_dtype(out_dtype),
+        layout=layout,
+        out_major=out_major,
+        device="cuda:0",
+        arch=Arch.SM90,
+    )
+    assert rules.serves(config, problem) is None
+
+
+@pytest.mark.parametrize("case", fp8_cases.CASE_LINES)
+def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
+    config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = (
+        fp8_cases.parse_case(case)
+    )
+    problem = GemmProblem.of_shape(
+        m,
+        n,
+        k,
+        dtype=torch_dtype(a_name),
+        b_dtype=torch_dtype(b_name),
+        out_dtype=torch_dtype(out_name),
+        layout="tt",
+        out_major=out_major,
+        device="cuda:0",
+        arch=Arch.SM90,
+        scaling=scaling,
+        promoted=promoted,
+    )
+    assert rules.serves(config, problem) is None
