@@ -109,10 +109,35 @@ def test_every_signature_compiles(pool):
 
 
 @needs_nvdisasm
+def test_direct_stores_compile_without_spills_to_every_output_major_and_width(pool):
+    """The widest tiles and those that spilled when a direct store took the whole tile at once,
+    one CTA and a pair, to M-major outputs of 2 and 4 bytes and to an N-major fp32 one."""
+    tiles = [(64, 128, False), (64, 256, False), (128, 64, False), (128, 256, False)]
+    tiles += [(128, 160, True), (256, 256, True)]
+    configs = [
+        GemmConfig(
+            arch="sm_100",
+            tile_m=tile_m,
+            tile_n=tile_n,
+            cluster_m=2 if pair else 1,
+            two_cta=pair,
+            tma_store=False,
+        )
+        for tile_m, tile_n, pair in tiles
+    ]
+    signatures = [
+        KernelSignature("fp16", "fp32", "k", "n", out_major="m"),
+        KernelSignature("bf16", "bf16", "k", "n", out_major="m"),
+        KernelSignature("fp16", "fp32", "k", "n"),
+        KernelSignature("int8", "int32", "k", "k", out_major="m"),
+    ]
+    _check(pool, [CompileJob(c, s) for c in configs for s in signatures])
+
+
+@needs_nvdisasm
 def test_unaligned_outputs_compile_with_direct_stores(pool):
     """Outputs TMA cannot store (the Hopper lane's N-major signatures but fp8, which runs on
-    Hopper only): one CTA and a pair, data-parallel and split-K. Direct stores of this kernel
-    to an M-major output spill at some widths whatever the alignment (docs/kernels.md)."""
+    Hopper only): one CTA and a pair, data-parallel and split-K."""
     configs = [
         GemmConfig(arch="sm_100", tile_m=128, tile_n=128, tma_store=False),
         PAIR_SPLIT_K_DIRECT,
