@@ -195,3 +195,21 @@ def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(po
     ]
     assert all(rules.signature_reason(c, batched) is None for c in configs)
     _check(pool, [CompileJob(c, batched) for c in configs])
+
+
+@needs_nvdisasm
+def test_thread_stores_beside_the_refused_192_row_m_major_ones_compile(pool):
+    """`rules.signature_reason` refuses thread stores of 192-row tiles to 16-bit M-major
+    outputs (they do not build); the same tile to a 4-byte M-major output, with a TMA store,
+    and a 128-row tile's thread stores to the 16-bit one do."""
+    m_major = KernelSignature("bf16", "bf16", "k", "n", out_major="m")
+    jobs = [
+        CompileJob(
+            GemmConfig(tile_m=192, tile_n=160, tma_store=False),
+            KernelSignature("bf16", "fp32", "k", "n", out_major="m"),
+        ),
+        CompileJob(GemmConfig(tile_m=192, tile_n=160), m_major),
+        CompileJob(GemmConfig(tile_m=128, tile_n=160, tma_store=False), m_major),
+    ]
+    assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
+    _check(pool, jobs)

@@ -6,7 +6,7 @@ import pytest
 import test_sm90_fp8_gpu as fp8_cases
 from test_sm90_gpu import CASE_LINES, parse_case
 
-from gemmtune.core.config import GemmConfig
+from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.device import Arch
 from gemmtune.core.dtypes import torch_dtype
 from gemmtune.core.problem import GemmProblem
@@ -103,6 +103,28 @@ def test_batched_signatures_refuse_the_192_row_tiles_that_spill():
         assert rules.signature_reason(config, flat) is None
     for tile_n in (128, 192):  # compiled clean batched
         assert rules.signature_reason(GemmConfig(tile_m=192, tile_n=tile_n), batched) is None
+
+
+def test_192_row_thread_stores_to_a_16_bit_m_major_output_are_refused():
+    m_major = KernelSignature("bf16", "bf16", "k", "n", out_major="m")
+    stores = GemmConfig(tile_m=192, tile_n=160, tma_store=False)
+    assert "three warpgroups" in rules.signature_reason(stores, m_major)
+    split_k = dataclasses.replace(stores, decomposition=Decomposition.SPLIT_K, splits=2)
+    stream_k = dataclasses.replace(stores, decomposition=Decomposition.STREAM_K)
+    for shared in (split_k, stream_k):
+        assert "three warpgroups" in rules.signature_reason(shared, m_major)
+    # swapped, the kernel's output is M-major where the problem's is N-major
+    n_major = KernelSignature("bf16", "bf16", "k", "n")
+    assert "three warpgroups" in rules.signature_reason(
+        dataclasses.replace(stores, swap_ab=True), n_major
+    )
+    assert rules.signature_reason(stores, n_major) is None
+    assert rules.signature_reason(dataclasses.replace(stores, tma_store=True), m_major) is None
+    fp32 = KernelSignature("bf16", "fp32", "k", "n", out_major="m")
+    assert rules.signature_reason(stores, fp32) is None  # builds: see the compile test
+    assert (
+        rules.signature_reason(GemmConfig(tile_m=128, tile_n=160, tma_store=False), m_major) is None
+    )
 
 
 def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
