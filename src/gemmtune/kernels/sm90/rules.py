@@ -308,19 +308,15 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
         return f"{regs} accumulator registers per thread spill with a batch dimension"
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
         return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
-    wide_or_m_major = built_for.out_major == "m" or built_for.out_bytes == 4
-    if not config.tma_store and wide_or_m_major and regs >= 192:
-        return f"{regs} accumulator registers spill in thread stores to this output"
-    if (
-        not config.tma_store
-        and built_for.out_major == "m"
-        and built_for.out_bytes == 2
-        and consumer_warpgroups(config) == 3
-    ):
-        # `epilogue.store_thread_shape` gives 384 threads 96 rows of a column, and a 16-bit
-        # M-major buffer's swizzle blocks are 64 rows tall: the DSL cannot divide one by the
-        # other, and the binary does not build
-        return "thread stores of three warpgroups cannot cover a 16-bit M-major output's tile"
+    if not config.tma_store:
+        m_major = built_for.out_major == "m"
+        if (m_major or built_for.out_bytes == 4) and regs >= 192:
+            return f"{regs} accumulator registers spill in thread stores to this output"
+        if m_major and built_for.out_bytes == 2 and consumer_warpgroups(config) == 3:
+            # `epilogue.store_thread_shape` gives 384 threads 96 rows of a column, and a 16-bit
+            # M-major buffer's swizzle blocks are 64 rows tall: the DSL cannot divide one by
+            # the other, and the binary does not build
+            return "thread stores of three warpgroups cannot cover a 16-bit M-major output's tile"
     return None
 
 
