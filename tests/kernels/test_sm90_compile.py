@@ -3,6 +3,7 @@ compiles for sm_90a, its PTX holds `wgmma` and `griddepcontrol.wait` (dependent 
 SASS holds HGMMA and no local-memory traffic (no spills); every dtype, layout and rank
 compiles too."""
 
+import dataclasses
 import importlib.metadata as metadata
 import itertools
 import shutil
@@ -198,17 +199,23 @@ def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(po
 
 
 @needs_nvdisasm
-def test_thread_stores_beside_the_refused_192_row_m_major_ones_compile(pool):
-    """`rules.signature_reason` refuses thread stores of 192-row tiles to 16-bit M-major
-    outputs (they do not build); the same tile to a 4-byte M-major output, with a TMA store,
-    and a 128-row tile's thread stores to the 16-bit one do."""
+def test_thread_stores_of_192_row_tiles_to_m_major_outputs_compile(pool):
+    """Three warpgroups' thread stores to a 16-bit M-major output (the swapped kernel of
+    every row-major problem) and to a 4-byte one, data-parallel and sharing tiles; a 128-row
+    tile's beside them."""
     m_major = KernelSignature("bf16", "bf16", "k", "n", out_major="m")
+    stores = GemmConfig(tile_m=192, tile_n=160, tma_store=False)
     jobs = [
+        CompileJob(stores, KernelSignature("bf16", "fp32", "k", "n", out_major="m")),
+        CompileJob(stores, m_major),
+        CompileJob(GemmConfig(tile_m=192, tile_n=96, tma_store=False), m_major),
         CompileJob(
-            GemmConfig(tile_m=192, tile_n=160, tma_store=False),
-            KernelSignature("bf16", "fp32", "k", "n", out_major="m"),
+            dataclasses.replace(stores, decomposition=Decomposition.SPLIT_K, splits=2), m_major
         ),
-        CompileJob(GemmConfig(tile_m=192, tile_n=160), m_major),
+        CompileJob(
+            GemmConfig(tile_m=192, tile_n=128, tma_store=False, decomposition="stream_k"),
+            KernelSignature("fp16", "fp16", "m", "k", out_major="m"),
+        ),
         CompileJob(GemmConfig(tile_m=128, tile_n=160, tma_store=False), m_major),
     ]
     assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]

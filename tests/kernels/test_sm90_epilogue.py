@@ -86,5 +86,7 @@ def test_thread_stores_tile_every_sub_tile_with_warps_along_the_contiguous_mode(
             # a warp's 32 threads write consecutive elements of one row (column)
             contiguous = rows if m_major else cols
             assert contiguous % 32 == 0 or contiguous == epi_n == 16
+            if m_major:  # a column's rows divide, or are whole, 64-row swizzle blocks
+                assert 64 % rows == 0 or rows % 64 == 0
     with pytest.raises(ValueError):
         store_thread_shape((64, 16), 384, m_major=True)

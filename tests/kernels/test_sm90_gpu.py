@@ -106,6 +106,9 @@ sm90_192x192_c1x1_coop_tma_dp      | 2048x2304x1000x1 | tn | bf16 bf16 | n
 sm90_192x192_c2x1_coop_tma_dp      | 1000x1528x2056x2 | nt | fp16 fp16 | m
 sm90_192x128_c1x2_coop_st_dp       | 3000x4104x1000x1 | nn | bf16 fp32 | n
 sm90_192x160_c2x2_coop_tma_dp      |   264x392x200x1 | tt | bf16 fp32 | m
+sm90_192x160_c2x1_coop_st_dp       | 1000x1528x2056x1 | tn | bf16 bf16 | m
+sm90_192x128_c1x2_swap_coop_st_dp  | 2999x4104x1000x1 | tt | bf16 bf16 | n
+sm90_192x96_c1x1_coop_st_streamk   |    264x392x200x2 | nn | fp16 fp16 | m
 sm90_192x96_c1x1_coop_tma_sk3      | 1000x1000x3000x2 | tn | bf16 bf16 | n
 sm90_192x192_c1x2_coop_tma_streamk | 2048x2304x8192x1 | tn | fp16 fp16 | n
 sm90_128x144_c2x1_pp_tma_dp        | 1000x1528x2056x1 | tn | bf16 bf16 | m

@@ -96,16 +96,14 @@ def test_space_offers_every_binary_swapped_too_unless_it_would_spill():
     swapped = {c for c in configs if c.swap_ab}
     twins = {dataclasses.replace(c, swap_ab=True) for c in configs if not c.swap_ab}
     refused = twins - swapped
-    assert swapped <= twins and len(refused) == 12 + 3 * 72
-    # the swapped kernel writes an M-major output: thread stores of 192+ accumulators spill,
-    # and those of 192-row tiles (three warpgroups) do not build for a 16-bit one
+    assert swapped <= twins and len(refused) == 12
+    # the swapped kernel writes an M-major output: thread stores of 192+ accumulators spill
     for c in refused:
         reason = sm90.signature_reason(c, KernelSignature.of(p))
         assert not c.tma_store
-        if c.tile_m == 192:
-            assert "three warpgroups" in reason
-        else:
-            assert sm90.accumulator_registers(c) >= 192 and "spill" in reason
+        assert sm90.accumulator_registers(c) >= 192 and "spill" in reason
+    # 192-row tiles (three warpgroups) store to it by threads too
+    assert any(c.tile_m == 192 and not c.tma_store for c in swapped)
 
 
 def test_ranking_sees_a_swapped_config_as_its_kernel_does():

@@ -24,11 +24,15 @@ from cutlass import Int32
 def store_thread_shape(epi_tile: tuple, threads: int, m_major: bool) -> tuple[int, int]:
     """How the thread stores arrange `threads` threads over an (epi_m, epi_n) sub-tile: a warp
     along the output's contiguous mode (N, or M for an M-major output), 32 elements of it
-    (N-major: all of a 16-wide sub-tile), the rest of the threads along the other mode."""
+    (N-major: all of a 16-wide sub-tile), the rest of the threads along the other mode.
+
+    M-major: four columns at a time (4 divides every sub-tile width), or two for three
+    warpgroups, whose 96 rows of a column would cut a 16-bit buffer's 64-row swizzle blocks
+    unevenly (the DSL cannot partition them so); their 192 rows are three whole blocks."""
     epi_m, epi_n = epi_tile
     if m_major:
-        along_m = 32 * (threads // 128)  # 4 columns: 4 divides every sub-tile width
-        shape = (along_m, threads // along_m)
+        columns = 4 if 64 % (threads // 4) == 0 or (threads // 4) % 64 == 0 else 2
+        shape = (threads // columns, columns)
     else:
         along_n = min(epi_n, 32)
         shape = (threads // along_n, along_n)

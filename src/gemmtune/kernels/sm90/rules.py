@@ -289,8 +289,7 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     stages wider than the 128 elements it sums the tensor cores' results after, or with two
     register tiles beyond what a consumer holds; more than 192 accumulator registers with a
     batch index to carry, 192 or more written by thread stores (no TMA) to an M-major or a
-    4-byte output, and `BATCHED_SPILLING_TILES`; and thread stores of a 192-row tile to a
-    16-bit M-major output, which do not build. The compile test of every signature checks
+    4-byte output, and `BATCHED_SPILLING_TILES`. The compile test of every signature checks
     these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
@@ -312,11 +311,6 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
         m_major = built_for.out_major == "m"
         if (m_major or built_for.out_bytes == 4) and regs >= 192:
             return f"{regs} accumulator registers spill in thread stores to this output"
-        if m_major and built_for.out_bytes == 2 and consumer_warpgroups(config) == 3:
-            # `epilogue.store_thread_shape` gives 384 threads 96 rows of a column, and a 16-bit
-            # M-major buffer's swizzle blocks are 64 rows tall: the DSL cannot divide one by
-            # the other, and the binary does not build
-            return "thread stores of three warpgroups cannot cover a 16-bit M-major output's tile"
     return None
 
 
