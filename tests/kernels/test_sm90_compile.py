@@ -129,9 +129,27 @@ def test_wide_per_row_binaries_compile_without_spills(pool):
         GemmConfig(tile_m=256, tile_n=176),
         GemmConfig(tile_m=256, tile_n=160, decomposition="stream_k"),
         GemmConfig(tile_m=128, tile_n=160, schedule="pingpong", decomposition="split_k", splits=2),
-        GemmConfig(tile_m=128, tile_n=160, schedule="pingpong", tma_store=False),
+        GemmConfig(tile_m=128, tile_n=128, schedule="pingpong", tma_store=False),
     ]
+    assert not [c for c in configs if rules.signature_reason(c, row)]
     _check(pool, [CompileJob(config, row) for config in configs])
+
+
+@needs_nvdisasm
+def test_thread_stores_below_their_register_limits_compile_without_spills(pool):
+    """Just below `rules.thread_store_register_limit`: 128 accumulators with per-row scales
+    into an M-major fp32 output aside (4-10 local-memory operations, left served), the tiles
+    beneath each limit compile clean."""
+    fp32 = KernelSignature("bf16", "fp32", "k", "n", "m")
+    row = KernelSignature("e4m3", "bf16", "k", "k", "m", scaling="row")
+    jobs = [
+        CompileJob(GemmConfig(tile_m=128, tile_n=144, schedule="pingpong", tma_store=False), fp32),
+        CompileJob(GemmConfig(tile_m=256, tile_n=144, tma_store=False), fp32),
+        CompileJob(GemmConfig(tile_m=256, tile_n=128, tma_store=False), row),
+        CompileJob(GemmConfig(tile_m=128, tile_n=128, schedule="pingpong", tma_store=False), row),
+    ]
+    assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
+    _check(pool, jobs)
 
 
 #: outputs TMA cannot store (`out_aligned` false): every output type, both majors, both ranks

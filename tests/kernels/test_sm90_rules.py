@@ -122,6 +122,36 @@ def test_192_row_thread_stores_to_a_16_bit_m_major_output_are_served():
     assert "spill" in rules.signature_reason(wide, m_major)
 
 
+def test_thread_stores_are_refused_from_each_outputs_register_limit():
+    """Per-row fp8 from 144 accumulators, 4-byte outputs from 160, other M-major outputs from
+    192 (what spilled when compiled); N-major 16-bit outputs keep `implements`'s limit."""
+    row = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="row")
+    fp32 = KernelSignature("bf16", "fp32", "k", "n")
+    int32 = KernelSignature("int8", "int32", "k", "k", "m")
+    m_major = KernelSignature("bf16", "bf16", "k", "n", out_major="m")
+    n_major = KernelSignature("bf16", "bf16", "k", "n")
+    assert [rules.thread_store_register_limit(s) for s in (row, fp32, int32, m_major)] == [
+        144,
+        160,
+        160,
+        192,
+    ]
+    assert rules.thread_store_register_limit(n_major) is None
+    for signature in (row, fp32, int32, m_major):
+        limit = rules.thread_store_register_limit(signature)
+        for tile_n, schedule in ((128, "pingpong"), (144, "pingpong"), (160, "pingpong")):
+            stores = GemmConfig(tile_m=128, tile_n=tile_n, schedule=schedule, tma_store=False)
+            regs = rules.accumulator_registers(stores)
+            reason = rules.signature_reason(stores, signature)
+            assert (reason is not None) == (regs >= limit), (signature.key, stores.key)
+            # a TMA store holds no accumulators beside the stores
+            tma = dataclasses.replace(stores, tma_store=True)
+            assert rules.signature_reason(tma, signature) is None
+    wide = GemmConfig(tile_m=256, tile_n=176, tma_store=False)  # 176 per thread
+    assert rules.signature_reason(wide, n_major) is None
+    assert "spill" in rules.signature_reason(wide, fp32)
+
+
 def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
     from gemmtune.core.config import GemmConfig
     from gemmtune.kernels.sm90 import rules as sm90

@@ -288,9 +288,9 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     would spill or compute otherwise than it should, or None: promoted fp8 accumulation over
     stages wider than the 128 elements it sums the tensor cores' results after, or with two
     register tiles beyond what a consumer holds; more than 192 accumulator registers with a
-    batch index to carry, 192 or more written by thread stores (no TMA) to an M-major or a
-    4-byte output, and `BATCHED_SPILLING_TILES`. The compile test of every signature checks
-    these limits."""
+    batch index to carry, `BATCHED_SPILLING_TILES`, and thread stores (no TMA) from
+    `thread_store_register_limit` registers or more. The compile test of every signature
+    checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
     if built_for.promoted and config.stage_k_bytes != TILE_K_BYTES:
@@ -307,10 +307,25 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
         return f"{regs} accumulator registers per thread spill with a batch dimension"
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
         return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
-    if not config.tma_store:
-        m_major = built_for.out_major == "m"
-        if (m_major or built_for.out_bytes == 4) and regs >= 192:
-            return f"{regs} accumulator registers spill in thread stores to this output"
+    limit = thread_store_register_limit(built_for)
+    if not config.tma_store and limit is not None and regs >= limit:
+        return f"{regs} accumulator registers spill in thread stores to this output"
+    return None
+
+
+def thread_store_register_limit(signature: KernelSignature) -> int | None:
+    """Accumulator registers per thread from which thread stores (no TMA) to `signature`'s
+    output spill, or None where `implements`'s limit is the only one. Compiled on the CPU,
+    every tile class in every decomposition: per-row fp8 scales (the tile's row factors held
+    beside the accumulators) spilled 4-102 local-memory operations from 144 registers
+    (128x144 ping-pong, 256x144-256x176 cooperative); 4-byte outputs 8-44 from 160 (128x160
+    ping-pong, 256x160 cooperative split-K); other M-major outputs from 192."""
+    if signature.scaling == "row":
+        return 144
+    if signature.out_bytes == 4:
+        return 160
+    if signature.out_major == "m":
+        return 192
     return None
 
 
