@@ -299,6 +299,38 @@ def fp8_linear(m, n, k):
     )
 
 
+def test_top_k_adds_a_pingpong_tile_of_128_accumulators_to_compute_bound_8_bit_problems():
+    """fp8 on an H200, each config beside torch._scaled_mm in windows: ping-pong 128x128 in
+    clusters of 2x1 ran 2048^3 per row in 17.3 µs (the suites' 128x176 20.7) and 4096^3 per
+    tensor in 95.6 µs (the top 8's leaders 99.9-102.7), tiles the 16-bit families rank far
+    down: the best predicted comes after the top 8."""
+    from gemmtune.core.config import Decomposition
+    from gemmtune.kernels.sm90.rules import accumulator_registers
+
+    def small_pingpong(c):
+        return (
+            c.schedule is Schedule.PINGPONG
+            and c.decomposition is Decomposition.DATA_PARALLEL
+            and accumulator_registers(c) == ranking.EIGHT_BIT_PINGPONG_REGISTERS
+        )
+
+    model = RankingModel()
+    for m, n, k in ((4096, 4096, 4096), (2048, 2048, 2048)):
+        p = fp8_linear(m, n, k)
+        top = model.top_k(p, candidates(p, orders=False), 8)
+        assert not any(small_pingpong(c) for c in top[:8])
+        assert small_pingpong(top[-1]) and not top[-1].swap_ab and top[-1].tma_store
+        assert model.tiles_per_sm(p, top[-1]) > 1
+    # none for 16-bit inputs, a memory-bound decode batch, or a problem whose tiles of that
+    # size are fewer than the SMs (one tile to a CTA: nothing for the other warpgroup)
+    for p in (problem(4096, 4096, 4096, linear=True), fp8_linear(16, 4096, 4096)):
+        top = model.top_k(p, candidates(p, orders=False), 8)
+        assert not any(small_pingpong(c) for c in top[8:])
+    p = fp8_linear(333, 4096, 4096)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert not any(small_pingpong(c) for c in top[8:])
+
+
 def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypatch):
     # fp8 333 x 4096 x 4096 on an H200: swapped 64x176 in clusters of 1x2 (the weight tile
     # multicast to both tiles of the 333 rows) 14.1 µs, in clusters of 2x1 17.3, the tuned

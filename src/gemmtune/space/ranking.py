@@ -54,7 +54,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES
+from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES, accumulator_registers
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -127,6 +127,17 @@ ONCE_OPERAND_RATIO = 8
 #: Cluster shapes do differ when timed, so the tuner times the leaders' other shapes after the
 #: first pass (`tuning.tuner`).
 TIE_MARGIN = 0.01
+
+
+#: Ping-pong tiles of this many accumulators per thread (128x128, 64x256) are the leaders of
+#: compute-bound 8-bit problems that the 16-bit families rank far down: each of their
+#: warpgroups' epilogues overlaps the other's mainloop, half as long as a 16-bit tile's, and
+#: the per-item constant fitted on 16-bit tiles overcharges it (fp8 on an H200, each config
+#: beside torch._scaled_mm in windows: 128x128 in clusters of 2x1 ran 2048^3 per row in 17.3
+#: µs where the suites' 128x176 ran 20.7, 4096^3 per tensor 95.6 µs against 99.9-102.7 for the
+#: top 8's leaders; `docs/ranking.md`). Where the top k holds none, the one predicted fastest
+#: of more tiles than SMs (where a CTA has a second tile to overlap) is timed beside them.
+EIGHT_BIT_PINGPONG_REGISTERS = 128
 
 
 #: The fields a tie's configs may differ in.
@@ -406,8 +417,10 @@ class RankingModel:
         place only when predicted faster than its 128-byte ones (at the memory floor, where
         they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
         none of the k reads the larger operand once and a config that does is predicted
-        within `ONCE_MARGIN`, the best such config comes as a (k+1)-th. Before that, a one-wave
-        config that reads it twice gives its place to its twin that reads it once
+        within `ONCE_MARGIN`, the best such config comes as a (k+1)-th; where a compute-bound
+        8-bit problem's k hold no ping-pong tile of `EIGHT_BIT_PINGPONG_REGISTERS`
+        accumulators, the best of those comes after them (`_pingpong_pick`). Before that, a
+        one-wave config that reads it twice gives its place to its twin that reads it once
         (`_once_twin`; two that share a twin leave one place empty)."""
         offered = set(configs)
         defaults = [
@@ -466,8 +479,41 @@ class RankingModel:
         kept = {c: kept[c] for c in chosen}
         top = sorted(kept, key=kept.__getitem__)[:k]
         top = list(dict.fromkeys(self._once_twin(problem, c, predicted) for c in top))
-        once = self._reads_once_pick(problem, ranked, top)
-        return [*top, once] if once is not None else top
+        extra = [
+            self._reads_once_pick(problem, ranked, top),
+            self._pingpong_pick(problem, ranked, top),
+        ]
+        return [*top, *(c for c in dict.fromkeys(extra) if c is not None)]
+
+    def _pingpong_pick(
+        self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]
+    ) -> GemmConfig | None:
+        """For a compute-bound 8-bit problem where `top` holds no data-parallel ping-pong tile
+        of `EIGHT_BIT_PINGPONG_REGISTERS` accumulators per thread, the one predicted fastest
+        (unswapped, TMA store) of more tiles than SMs; else None."""
+        if problem.a_dtype.itemsize != 1 or self.memory_bound(problem):
+            return None
+
+        def small_pingpong(config: GemmConfig) -> bool:
+            return (
+                config.schedule is Schedule.PINGPONG
+                and config.decomposition is Decomposition.DATA_PARALLEL
+                and accumulator_registers(config) == EIGHT_BIT_PINGPONG_REGISTERS
+            )
+
+        if any(small_pingpong(c) for c in top):
+            return None
+        return next(
+            (
+                c
+                for _, c in ranked
+                if small_pingpong(c)
+                and not c.swap_ab
+                and c.tma_store
+                and self.tiles_per_sm(problem, c) > 1
+            ),
+            None,
+        )
 
     def _once_twin(
         self, problem: GemmProblem, config: GemmConfig, offered: dict[GemmConfig, float]
@@ -491,6 +537,12 @@ class RankingModel:
             ):
                 return twin
         return config
+
+    def tiles_per_sm(self, problem: GemmProblem, config: GemmConfig) -> float:
+        """The config's output tiles (those of its clusters' units) over the GPU's SMs."""
+        grid = TileGrid.of(config, problem.m, problem.n, problem.l)
+        ctas = config.cluster_m * config.cluster_n
+        return grid.work_units * ctas / self.device.sm_count
 
     def one_wave(self, problem: GemmProblem, config: GemmConfig) -> bool:
         """Whether the config's work (its units, times its splits) fits in one wave of the
