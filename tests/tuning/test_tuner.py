@@ -374,3 +374,29 @@ def test_the_final_takes_each_binarys_fastest_order_before_any_second_order():
     keys = [r.config.key for r in finalists_of(results, 10, 0.10)]
     assert keys[3:] == [f"{tile}_rn_s8", f"{tile}_rm_s8"]
     assert finalists_of([], 4, 0.10) == []
+
+
+def test_a_binary_the_ranking_doubts_enters_the_final_beyond_its_places():
+    from gemmtune.tuning.tuner import CandidateResult, finalists_of
+
+    def result(key, ms):
+        return CandidateResult(GemmConfig.from_key(key), None, ms)
+
+    # fp8 4096^3 per row: the first pass put the 128x128 ping-pong tile the ranking adds
+    # sixth; in windows it was the fastest
+    results = [
+        result("sm90_128x176_c1x2_pp_tma_dp_rn_s1", 0.1039),
+        result("sm90_128x256_c1x1_coop_tma_dp_rm_s8", 0.1048),
+        result("sm90_128x208_c1x1_coop_tma_dp_rm_s8", 0.1103),
+        result("sm90_128x192_c4x1_pp_tma_dp_rm_s8", 0.1109),
+        result("sm90_256x176_c2x1_coop_tma_dp_rm_s8", 0.1121),
+        result("sm90_128x128_c2x1_pp_tma_dp_rn_s1", 0.1134),
+        result("sm90_128x128_c2x1_pp_tma_dp_rm_s1", 0.1144),
+        result("sm90_64x256_c1x1_pp_tma_dp_rm_s1", 0.1300),  # beyond the margin
+    ]
+    doubted = {"sm90_128x128_c2x1_pp_tma_dp", "sm90_64x256_c1x1_pp_tma_dp"}
+    keys = [r.config.key for r in finalists_of(results, 4, 0.10, doubted)]
+    assert keys == [r.config.key for r in results[:4]] + ["sm90_128x128_c2x1_pp_tma_dp_rn_s1"]
+    # one already among the four takes no second place
+    keys = [r.config.key for r in finalists_of(results[5:], 4, 0.10, doubted)]
+    assert keys == ["sm90_128x128_c2x1_pp_tma_dp_rn_s1", "sm90_128x128_c2x1_pp_tma_dp_rm_s1"]

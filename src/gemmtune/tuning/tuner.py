@@ -310,6 +310,7 @@ class _Tuning:
         self.results: list[CandidateResult] = []
         self.groups: dict[str, list[GemmConfig]] = {}  # configs by binary
         self.space: list[GemmConfig] = []
+        self.doubted: set[str] = set()  # binaries the ranking added beyond its top k
         self.paths: dict[str, Path] = {}
         self.predicted: dict[str, float] = {}
         self.space_size = 0
@@ -331,6 +332,8 @@ class _Tuning:
         else:
             picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
             chosen = [in_first_order(c) for c in picked]
+            # what `top_k` adds after its k are configs the model is known to misjudge
+            self.doubted = {c.compile_key for c in picked[top_k:]} if not exhaustive else set()
         self.space = space
         self.predicted = {c.key: self.model.predict_us(self.problem, c) for c in chosen}
         self.bar.total = len(chosen)
@@ -446,7 +449,7 @@ class _Tuning:
     def final(self, finalists: int, margin: float, cublas: bool, options: CompareJob) -> None:
         """The leaders within `margin` of the best (`finalists_of`; and torch.matmul), each
         alone in windows taken in turn."""
-        leaders = finalists_of(self.results, finalists, margin)
+        leaders = finalists_of(self.results, finalists, margin, self.doubted)
         if not (len(leaders) > 1 or (cublas and leaders)):
             return
         self.mark("final_start")
@@ -514,11 +517,18 @@ class _Tuning:
 
 
 def finalists_of(
-    results: list[CandidateResult], count: int, margin: float
+    results: list[CandidateResult],
+    count: int,
+    margin: float,
+    doubted: frozenset[str] | set[str] = frozenset(),
 ) -> list[CandidateResult]:
     """The final's entrants: of the correct results within `margin` of the best first-pass
     time, the fastest of each binary first, then the other orders of those binaries, fastest
-    first; `count` in all. The final exists to correct the first pass, whose error comes with
+    first; `count` in all, and beyond them the fastest of each `doubted` binary within
+    `margin`. Those are what the ranking adds after its top k, configs it is known to
+    misjudge; the first pass reads a large 8-bit GEMM 0-14 % above its final time, differently
+    per binary, and left them out of a final of four they would have won (fp8 4096^3 per row,
+    128x128 ping-pong). The final exists to correct the first pass, whose error comes with
     a binary (its clocks at the power cap, its warm-up) more than with its order, so its places
     go first to telling binaries apart. Taken by first-pass time alone, they went to orders of
     one binary: on an H200, `x @ w` for 1 x 57344 x 8192 bf16 put three orders of a swapped
@@ -533,7 +543,9 @@ def finalists_of(
         key = r.config.compile_key
         (orders if key in binaries else firsts).append(r)
         binaries.add(key)
-    return (firsts + orders)[:count]
+    chosen = (firsts + orders)[:count]
+    entered = {r.config.compile_key for r in chosen}
+    return chosen + [r for r in firsts if r.config.compile_key in doubted - entered]
 
 
 #: What a tile's cluster variants share: every field of its config but the cluster shape and
