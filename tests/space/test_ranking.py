@@ -320,6 +320,7 @@ def test_top_k_adds_a_pingpong_tile_of_128_accumulators_to_compute_bound_8_bit_p
         top = model.top_k(p, candidates(p, orders=False), 8)
         assert not any(small_pingpong(c) for c in top[:8])
         assert small_pingpong(top[-1]) and not top[-1].swap_ab and top[-1].tma_store
+        assert top[-1].cluster_m * top[-1].cluster_n == 2
         assert model.tiles_per_sm(p, top[-1]) > 1
     # none for 16-bit inputs, a memory-bound decode batch, or a problem whose tiles of that
     # size are fewer than the SMs (one tile to a CTA: nothing for the other warpgroup)

@@ -136,7 +136,9 @@ TIE_MARGIN = 0.01
 #: beside torch._scaled_mm in windows: 128x128 in clusters of 2x1 ran 2048^3 per row in 17.3
 #: µs where the suites' 128x176 ran 20.7, 4096^3 per tensor 95.6 µs against 99.9-102.7 for the
 #: top 8's leaders; `docs/ranking.md`). Where the top k holds none, the one predicted fastest
-#: of more tiles than SMs (where a CTA has a second tile to overlap) is timed beside them.
+#: in a cluster of two CTAs (the shape of the best such binary on every compute-bound shape of
+#: the windowed fp8 timings; unclustered, 1000 x 6144 x 4096 ran 45.9 µs against 37.6) with
+#: more tiles than SMs (where a CTA has a second tile to overlap) is timed beside them.
 EIGHT_BIT_PINGPONG_REGISTERS = 128
 
 
@@ -490,7 +492,7 @@ class RankingModel:
     ) -> GemmConfig | None:
         """For a compute-bound 8-bit problem where `top` holds no data-parallel ping-pong tile
         of `EIGHT_BIT_PINGPONG_REGISTERS` accumulators per thread, the one predicted fastest
-        (unswapped, TMA store) of more tiles than SMs; else None."""
+        (unswapped, TMA store, in a cluster of two) of more tiles than SMs; else None."""
         if problem.a_dtype.itemsize != 1 or self.memory_bound(problem):
             return None
 
@@ -510,6 +512,7 @@ class RankingModel:
                 if small_pingpong(c)
                 and not c.swap_ab
                 and c.tma_store
+                and c.cluster_m * c.cluster_n == 2
                 and self.tiles_per_sm(problem, c) > 1
             ),
             None,
