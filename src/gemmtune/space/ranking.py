@@ -491,8 +491,8 @@ class RankingModel:
         self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]
     ) -> GemmConfig | None:
         """For a compute-bound 8-bit problem where `top` holds no data-parallel ping-pong tile
-        of `EIGHT_BIT_PINGPONG_REGISTERS` accumulators per thread, the one predicted fastest
-        (unswapped, TMA store, in a cluster of two) of more tiles than SMs; else None."""
+        of `EIGHT_BIT_PINGPONG_REGISTERS` accumulators per thread in a cluster of two
+        (unswapped, TMA store), the one predicted fastest of more tiles than SMs; else None."""
         if problem.a_dtype.itemsize != 1 or self.memory_bound(problem):
             return None
 
@@ -501,20 +501,15 @@ class RankingModel:
                 config.schedule is Schedule.PINGPONG
                 and config.decomposition is Decomposition.DATA_PARALLEL
                 and accumulator_registers(config) == EIGHT_BIT_PINGPONG_REGISTERS
+                and config.cluster_m * config.cluster_n == 2
+                and not config.swap_ab
+                and config.tma_store
             )
 
         if any(small_pingpong(c) for c in top):
             return None
         return next(
-            (
-                c
-                for _, c in ranked
-                if small_pingpong(c)
-                and not c.swap_ab
-                and c.tma_store
-                and c.cluster_m * c.cluster_n == 2
-                and self.tiles_per_sm(problem, c) > 1
-            ),
+            (c for _, c in ranked if small_pingpong(c) and self.tiles_per_sm(problem, c) > 1),
             None,
         )
 
