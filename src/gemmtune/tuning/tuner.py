@@ -544,8 +544,8 @@ def finalists_of(
         (orders if key in binaries else firsts).append(r)
         binaries.add(key)
     chosen = (firsts + orders)[:count]
-    entered = {r.config.compile_key for r in chosen}
-    return chosen + [r for r in firsts if r.config.compile_key in doubted - entered]
+    left_out = set(doubted) - {r.config.compile_key for r in chosen}
+    return chosen + [r for r in firsts if r.config.compile_key in left_out]
 
 
 #: What a tile's cluster variants share: every field of its config but the cluster shape and
