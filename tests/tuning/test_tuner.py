@@ -200,6 +200,24 @@ def test_configs_given_are_timed_as_given():
 
 
 @pytest.mark.timeout(120)
+def test_configs_given_that_cannot_serve_the_problem_are_refused_not_run():
+    """N = 2100 bf16: rows of 4200 bytes, which TMA cannot store. A TMA-store config named by
+    hand fails with the rule's reason and is never compiled; its thread-store twin runs."""
+    compile_fn, compiled = fake_compiler()
+    tma = GemmConfig(tile_m=128, tile_n=128)
+    threads = dataclasses.replace(tma, tma_store=False)
+    result = tune(
+        problem(2050, 2100, 2000), configs=[tma, threads], sweep=0, compiler=compile_fn,
+        runner=RELIABLE, progress=False,
+    )  # fmt: skip
+    assert compiled == [threads.compile_key]
+    refused = [r for r in result.results if r.config == tma]
+    assert len(refused) == 1 and not refused[0].ok
+    assert "TMA cannot store" in refused[0].error
+    assert result.best == threads
+
+
+@pytest.mark.timeout(120)
 def test_order_is_swept_in_one_round_too_but_not_for_a_single_unit():
     compile_fn, _ = fake_compiler()
     # 2048 x 1024 x 8192: 128 tiles of 128x128, one round of 132 SMs, whose order still

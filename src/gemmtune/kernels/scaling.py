@@ -5,6 +5,10 @@ element each) or per row of `a` and per column of `b`. Both are linear in the ac
 so a kernel scales each item's accumulators as soon as its k-range is summed: a split-K or
 stream-K partial is scaled before it is published, and the reduction adds scaled partials.
 
+Per-tensor scales are read once per CTA, before its first mainloop (`tensor_scale_factor`):
+read after each mainloop, the two loads' trip to memory (L2 holds nothing of them in a cold
+run) sat between the last MMA and the epilogue, on every decode kernel's critical path.
+
 Per-row scales go through shared memory: as a tile's mainloop starts, its consumer threads
 copy the tile's row and column scales there with `cp.async` (`stage_tile_scales`), so the
 global reads are over by the time the accumulators are summed, and none is waited for between
@@ -69,20 +73,25 @@ def wait_tile_scales(group_barrier: pipeline.NamedBarrier):
 
 
 @cute.jit
+def tensor_scale_factor(row_scale: cute.Tensor, col_scale: cute.Tensor) -> cutlass.Float32:
+    """The product of per-tensor scales (one element each in global memory)."""
+    return row_scale[0] * col_scale[0]
+
+
+@cute.jit
 def scale_accumulators(
     accumulators: cute.Tensor,
     tile_coords: cute.Tensor | None,
-    row_scale: cute.Tensor,
-    col_scale: cute.Tensor,
+    tensor_factor: cutlass.Float32,
     buffer: cute.Tensor | None,
     tile_m: cutlass.Constexpr,
     per_row: cutlass.Constexpr,
 ):
     """Multiply one thread's fp32 accumulators by their row's and column's scales.
 
-    Per tensor, `row_scale` and `col_scale` hold one element each in global memory. Per row,
-    the tile's scales are in the shared `buffer` (`stage_tile_scales`) and `tile_coords`
-    are the thread's (m, n) coordinates of its accumulators within the tile.
+    Per tensor, every accumulator is multiplied by `tensor_factor` (`tensor_scale_factor`).
+    Per row, the tile's scales are in the shared `buffer` (`stage_tile_scales`) and
+    `tile_coords` are the thread's (m, n) coordinates of its accumulators within the tile.
 
     A WGMMA accumulator fragment is ((2, 2, V), MMA_M, MMA_N): of the first mode's sub-modes
     the first steps a column, the second eight rows, the third eight columns. So a thread's
@@ -106,5 +115,4 @@ def scale_accumulators(
                             i = ((c, r, v), mi, ni)
                             accumulators[i] = accumulators[i] * (row_factors[r, mi] * factor)
     else:
-        factor = row_scale[0] * col_scale[0]
-        accumulators.store(accumulators.load() * factor)
+        accumulators.store(accumulators.load() * tensor_factor)

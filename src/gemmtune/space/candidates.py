@@ -42,6 +42,13 @@ def binaries(problem: GemmProblem, arch: Arch | None = None) -> list[GemmConfig]
     return [v for v in _implemented(arch or problem.arch) if rules.serves(v, problem) is None]
 
 
+def refusal(config: GemmConfig, problem: GemmProblem) -> str | None:
+    """Why `config` cannot serve `problem` on the problem's architecture, or None: what keeps
+    a config named by hand (`tune(configs=...)`) from running where its binary would write
+    the wrong memory, such as a TMA store to an output TMA cannot address."""
+    return rules_for(problem.arch).serves(config, problem)
+
+
 @functools.cache
 def _implemented(arch: Arch) -> tuple[GemmConfig, ...]:
     """Every binary `arch`'s kernels implement, each unswapped then swapped: the same for every

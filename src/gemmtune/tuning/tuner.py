@@ -44,6 +44,7 @@ from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.measure.runner import CompareJob, Measurement, ProblemSpec, RunJob
 from gemmtune.space import candidates
+from gemmtune.space.candidates import refusal
 from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
 from gemmtune.workers.bench import DEFAULT_RUNNER, BenchWorker
 from gemmtune.workers.compiler import CompileJob, CompileOutcome, compile_iter
@@ -328,7 +329,14 @@ class _Tuning:
         space = candidates(self.problem, orders=False)
         self.space_size = len(space) * len(Raster) * len(SWIZZLES)
         if configs is not None:
-            chosen = list(configs)
+            chosen = []
+            for config in configs:
+                reason = refusal(config, self.problem)
+                if reason is None:
+                    chosen.append(config)
+                else:
+                    error = f"cannot serve this problem: {reason}"
+                    self.results.append(CandidateResult(config, None, None, error=error))
         else:
             picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
             chosen = [in_first_order(c) for c in picked]

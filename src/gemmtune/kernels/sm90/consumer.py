@@ -25,7 +25,12 @@ from gemmtune.kernels.reduction import (
     publish_partial,
     reduce_share,
 )
-from gemmtune.kernels.scaling import scale_accumulators, stage_tile_scales, wait_tile_scales
+from gemmtune.kernels.scaling import (
+    scale_accumulators,
+    stage_tile_scales,
+    tensor_scale_factor,
+    wait_tile_scales,
+)
 from gemmtune.kernels.sm90 import mainloop, rules
 from gemmtune.kernels.sm90.epilogue import StagedEpilogue
 
@@ -141,6 +146,11 @@ def consume(
         cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
     )
 
+    tensor_factor = cutlass.Float32(1.0)
+    if cutlass.const_expr(gemm.applies_scales and not gemm.per_row):
+        # before the first mainloop, so the loads' latency hides behind the pipeline's fill
+        tensor_factor = tensor_scale_factor(row_scale, col_scale)
+
     read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, gemm.ab_stages)
     cluster = sched.cluster_index()
     if cutlass.const_expr(not gemm.cooperative):
@@ -224,8 +234,7 @@ def consume(
                 scale_accumulators(
                     accumulators,
                     tile_coords,
-                    row_scale,
-                    col_scale,
+                    tensor_factor,
                     scale_buffer,
                     tile_m,
                     gemm.per_row,
