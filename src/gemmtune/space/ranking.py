@@ -54,7 +54,12 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES, WIDE_STAGE_K_BYTES, accumulator_registers
+from gemmtune.kernels.sm90.rules import (
+    TILE_K_BYTES,
+    WIDE_STAGE_K_BYTES,
+    accumulator_registers,
+    epi_tile,
+)
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
 #: 128-byte swizzle when its tile's contiguous extent is a multiple of 64 elements, else 64 or
@@ -127,6 +132,30 @@ ONCE_OPERAND_RATIO = 8
 #: Cluster shapes do differ when timed, so the tuner times the leaders' other shapes after the
 #: first pass (`tuning.tuner`).
 TIE_MARGIN = 0.01
+
+
+#: The longest rows of an output sub-tile, in bytes, that make its stores slow: a tile
+#: 144, 176 or 208 wide stores 16-column sub-tiles, rows of 32 bytes in a 16-bit row-major
+#: output, where its operand-swapped twin (the same kernel writing the output's transpose)
+#: stores columns of 64 to 192 rows. The families, fitted on unswapped binaries writing
+#: row-major outputs, predict the two alike; timed (fp8 into bf16 on an H200, 2112 x 2112 x K,
+#: beside torch._scaled_mm) the swapped twins ran 0.45-1.37 µs faster at K = 2048 (128x176
+#: ping-pong 0.77, 192x176 cooperative 0.88, 64x208 ping-pong 1.37, 128x144 cooperative 0.45;
+#: 256x144 and 128x80 within 0.3 either way), and tiles 32 columns wide 0.06-0.21 slower.
+#: Where the two are predicted alike, the config that stores longer rows takes the place.
+SHORT_STORE_ROW_BYTES = 32
+
+
+def short_store_rows(config: GemmConfig, problem: GemmProblem) -> bool:
+    """Whether a Hopper config's epilogue stores its sub-tiles in rows of at most
+    `SHORT_STORE_ROW_BYTES` (the output's contiguous mode as the kernel sees it: N, or M for
+    an M-major output, the other way round for a swapped config)."""
+    if config.arch != "sm_90":
+        return False
+    epi_m, epi_n = epi_tile(config)
+    kernel_m_major = (problem.out_major == "m") != config.swap_ab
+    row = epi_m if kernel_m_major else epi_n
+    return row * problem.out_dtype.itemsize <= SHORT_STORE_ROW_BYTES
 
 
 #: Ping-pong tiles of this many accumulators per thread (128x128, 64x256) are the leaders of
@@ -423,7 +452,9 @@ class RankingModel:
         8-bit problem's k hold no ping-pong tile of `EIGHT_BIT_PINGPONG_REGISTERS`
         accumulators, the best of those comes after them (`_pingpong_pick`). Before that, a
         one-wave config that reads it twice gives its place to its twin that reads it once
-        (`_once_twin`; two that share a twin leave one place empty)."""
+        (`_once_twin`; two that share a twin leave one place empty). Of a config and its
+        operand-swapped twin predicted alike, the one whose epilogue stores rows longer than
+        `SHORT_STORE_ROW_BYTES` takes the place (`short_store_rows`)."""
         offered = set(configs)
         defaults = [
             c
@@ -435,10 +466,22 @@ class RankingModel:
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}
 
+        def yields_to_twin(config: GemmConfig) -> bool:
+            """Whether `config` gives its place to its operand-swapped twin: predicted no
+            slower, storing longer rows (`short_store_rows`)."""
+            twin = dataclasses.replace(config, swap_ab=not config.swap_ab)
+            return (
+                predicted.get(twin, math.inf) <= predicted[config]
+                and short_store_rows(config, problem)
+                and not short_store_rows(twin, problem)
+            )
+
         def twins(config: GemmConfig) -> list[GemmConfig]:
             found = []
             if config.swap_ab:
-                found.append(dataclasses.replace(config, swap_ab=False))
+                unswapped = dataclasses.replace(config, swap_ab=False)
+                if unswapped not in predicted or not yields_to_twin(unswapped):
+                    found.append(unswapped)
             if config.stage_k_bytes > TILE_K_BYTES:
                 found.append(dataclasses.replace(config, stage_k_bytes=TILE_K_BYTES))
             if config.decomposition is not Decomposition.DATA_PARALLEL:
@@ -460,6 +503,8 @@ class RankingModel:
             if fastest is not None and len(kept) >= k and t > fastest * (1 + CLASS_MARGIN):
                 break
             if any(t >= predicted.get(twin, math.inf) for twin in twins(config)):
+                continue
+            if yields_to_twin(config):
                 continue
             if predicted.get(wider_stages(config), math.inf) < t:
                 continue
