@@ -471,7 +471,7 @@ class RankingModel:
             slower, storing longer rows (`short_store_rows`)."""
             twin = dataclasses.replace(config, swap_ab=not config.swap_ab)
             return (
-                predicted.get(twin, math.inf) <= predicted[config]
+                predicted.get(twin, math.inf) <= predicted.get(config, math.inf)
                 and short_store_rows(config, problem)
                 and not short_store_rows(twin, problem)
             )
@@ -480,7 +480,7 @@ class RankingModel:
             found = []
             if config.swap_ab:
                 unswapped = dataclasses.replace(config, swap_ab=False)
-                if unswapped not in predicted or not yields_to_twin(unswapped):
+                if not yields_to_twin(unswapped):
                     found.append(unswapped)
             if config.stage_k_bytes > TILE_K_BYTES:
                 found.append(dataclasses.replace(config, stage_k_bytes=TILE_K_BYTES))
