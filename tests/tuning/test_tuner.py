@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gemmtune import workers
-from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
+from gemmtune.core.config import Decomposition, GemmConfig, Raster
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.tuning.tuner import (
@@ -202,44 +202,6 @@ def test_a_compute_bound_tune_sweeps_cluster_shapes_only_for_leaders_of_few_wave
     compile_fn, compiled = fake_compiler()
     tune(small, top_k=8, compiler=compile_fn, runner=RELIABLE, progress=False)
     assert len(compiled) > 8
-
-
-class TwoShapesOfOneTileFirst(RankingModel):
-    """Ranks cooperative, data-parallel 256x208 tiles unclustered, then in clusters of 2x1,
-    then 256x192 unclustered; 256x192's other shapes tie with it, 256x208's are far behind."""
-
-    def predict_us(self, problem, config):
-        plain = (
-            config.schedule is Schedule.COOPERATIVE
-            and config.decomposition is Decomposition.DATA_PARALLEL
-            and not config.swap_ab
-            and config.tma_store
-            and config.stage_k_bytes == GemmConfig.stage_k_bytes
-        )
-        cluster = (config.cluster_m, config.cluster_n)
-        if plain and (config.tile_m, config.tile_n) == (256, 208):
-            return {(1, 1): 1.0, (2, 1): 1.2}.get(cluster, 2.0)
-        if plain and (config.tile_m, config.tile_n) == (256, 192):
-            return 1.4 if cluster == (1, 1) else 1.41
-        return super().predict_us(problem, config) + 1e3
-
-
-@pytest.mark.timeout(120)
-def test_the_cluster_sweep_counts_a_tile_timed_in_two_shapes_once():
-    # the fake runner times a tile alike in every cluster shape: 256x208 leads in two shapes,
-    # 256x192 is 8-11 % behind; a sweep of two binaries would spend both places on 256x208
-    p = problem(1024, 4352, 4096)
-    compile_fn, compiled = fake_compiler()
-    result = tune(
-        p, top_k=3, sweep=2, final_margin=0.25, compiler=compile_fn, runner=RELIABLE,
-        model=TwoShapesOfOneTileFirst(), progress=False,
-    )  # fmt: skip
-    first = [r.config for r in result.results if r.config.compile_key in compiled[:3]]
-    assert {(c.tile_n, c.cluster_m, c.cluster_n) for c in first} == {
-        (208, 1, 1), (208, 2, 1), (192, 1, 1),
-    }  # fmt: skip
-    swept = {r.config for r in result.results if r.config.compile_key in compiled[3:]}
-    assert swept and all(c.tile_n == 192 and c.cluster_m * c.cluster_n > 1 for c in swept)
 
 
 @pytest.mark.timeout(120)

@@ -210,9 +210,9 @@ def tune(
 
     The ranking model's `top_k` configs are compiled and timed in bands (`in_first_order`;
     `exhaustive`: every valid binary, at every split count; `configs`: exactly these, as
-    given), then (from the top k) the other cluster shapes of the `sweep` best tiles within
-    `final_margin` of the best, where the problem is memory-bound or they run at most
-    `SWEEP_WAVES` waves, are compiled and timed the same way (`cluster_variants`), then
+    given), then (from the top k) the other cluster shapes of the `sweep` best binaries within
+    `final_margin` of the best, where the problem is memory-bound or they are one wave of work,
+    are compiled and timed the same way (`cluster_variants`), then
     the `sweep` best binaries within `final_margin` of the best are timed at every raster order
     and at the `SWEEP_SWIZZLES` where the order can matter (`order_matters`; each candidate:
     `warmup_ms`, longer after the GPU sat idle
@@ -377,9 +377,8 @@ class _Tuning:
         return [CompileJob(group[0], signature) for group in new.values()]
 
     def cluster_variants(self, binaries: int, margin: float) -> list[GemmConfig]:
-        """The other cluster shapes the space offers for the best `binaries` tiles within
-        `margin` of the best first-pass time (a tile timed in two cluster shapes counts once),
-        each predicted within `margin` of its leader;
+        """The other cluster shapes the space offers for the best `binaries` binaries within
+        `margin` of the best first-pass time, each predicted within `margin` of its leader;
         where the problem is compute-bound, only for leaders whose work is at most
         `SWEEP_WAVES` waves (`RankingModel.waves`): on problems of many waves the families'
         fitted constants, measured on such problems, order the cluster shapes, and the round of
@@ -388,11 +387,11 @@ class _Tuning:
         top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
         of four along a weight's rows lead some, unclustered tiles others)."""
         ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
-        leaders: dict[tuple, GemmConfig] = {}  # by tile: one tile's shapes share one sweep
+        leaders: dict[str, GemmConfig] = {}
         for r in ok:
             if len(leaders) == binaries or r.ms > ok[0].ms * (1 + margin):
                 break
-            leaders.setdefault(_all_but_cluster_and_order(r.config), in_first_order(r.config))
+            leaders.setdefault(r.config.compile_key, in_first_order(r.config))
         if not self.model.memory_bound(self.problem):
             leaders = {
                 key: c
