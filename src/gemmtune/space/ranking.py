@@ -587,16 +587,12 @@ class RankingModel:
         ctas = config.cluster_m * config.cluster_n
         return grid.work_units * ctas / self.device.sm_count
 
-    def waves(self, problem: GemmProblem, config: GemmConfig) -> float:
-        """The config's work (its units, times its splits) over the clusters the GPU holds at
-        once."""
+    def one_wave(self, problem: GemmProblem, config: GemmConfig) -> bool:
+        """Whether the config's work (its units, times its splits) fits in one wave of the
+        clusters the GPU holds at once."""
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
         resident = self.device.resident_clusters(config.cluster_m * config.cluster_n)
-        return grid.work_units * config.splits / resident
-
-    def one_wave(self, problem: GemmProblem, config: GemmConfig) -> bool:
-        """Whether the config's work fits in one wave of the clusters the GPU holds at once."""
-        return self.waves(problem, config) <= 1
+        return grid.work_units * config.splits <= resident
 
     def _reads_once_pick(
         self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]

@@ -95,13 +95,6 @@ CONFIRM_WINDOW_MS = 100.0
 #: tiles (the first pass's). Which of the two is faster depends on the shape; narrower bands
 #: time like bands of 8, so they are not tried.
 SWEEP_SWIZZLES = (1, 8)
-#: The most waves of work (`RankingModel.waves`) a compute-bound problem's leader may have
-#: for the tuner to time its other cluster shapes. Few waves of tiles ask the L2 for their
-#: operands all at once, and which CTAs share a slice decides what it must deliver, which the
-#: model does not see: 1024 x 4352 x 4096 in fp8, 128x144 ping-pong tiles (1.9 waves in
-#: clusters of two), ran 29.9 µs in clusters of 2x1, 33.5 in 1x2 and 35.5 unclustered (H200),
-#: all three predicted alike.
-SWEEP_WAVES = 2.0
 
 
 @dataclass
@@ -379,10 +372,10 @@ class _Tuning:
     def cluster_variants(self, binaries: int, margin: float) -> list[GemmConfig]:
         """The other cluster shapes the space offers for the best `binaries` binaries within
         `margin` of the best first-pass time, each predicted within `margin` of its leader;
-        where the problem is compute-bound, only for leaders whose work is at most
-        `SWEEP_WAVES` waves (`RankingModel.waves`): on problems of many waves the families'
-        fitted constants, measured on such problems, order the cluster shapes, and the round of
-        compiles (2.3-3 s a tune on 4096^2 outputs, H200) found nothing.
+        where the problem is compute-bound, only for leaders whose work is one wave
+        (`RankingModel.one_wave`): on problems of many waves the families' fitted constants,
+        measured on such problems, order the cluster shapes, and the round of compiles
+        (2.3-3 s a tune on 4096^2 outputs, H200) found nothing.
         The model sees little between a tile's cluster shapes and gives them one place in the
         top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
         of four along a weight's rows lead some, unclustered tiles others)."""
@@ -393,11 +386,7 @@ class _Tuning:
                 break
             leaders.setdefault(r.config.compile_key, in_first_order(r.config))
         if not self.model.memory_bound(self.problem):
-            leaders = {
-                key: c
-                for key, c in leaders.items()
-                if self.model.waves(self.problem, c) <= SWEEP_WAVES
-            }
+            leaders = {key: c for key, c in leaders.items() if self.model.one_wave(self.problem, c)}
         variants: dict[GemmConfig, None] = {}
         for leader in leaders.values():
             limit = self.model.predict_us(self.problem, leader) * (1 + margin)
