@@ -495,8 +495,8 @@ def test_of_twins_predicted_alike_the_one_that_stores_long_rows_takes_the_place(
     wide = GemmConfig(tile_m=192, tile_n=176)
     assert model.predict_us(p, wide) == model.predict_us(p, dataclasses.replace(wide, swap_ab=True))
     top = model.top_k(p, candidates(p, orders=False), 8)
-    tiles = {c.swap_ab for c in top if (c.tile_m, c.tile_n) == (192, 176)}
-    assert tiles == {True}  # the tile's place went to a swapped binary
+    swaps = {c.swap_ab for c in top if (c.tile_m, c.tile_n) == (192, 176)}
+    assert swaps == {True}  # the tile's place went to a swapped binary
     # where the output is M-major the unswapped binary stores the long rows and keeps its place
     m_major = dataclasses.replace(p, out_major="m")
     top = model.top_k(m_major, candidates(m_major, orders=False), 8)

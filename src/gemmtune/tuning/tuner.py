@@ -43,8 +43,7 @@ from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.measure.runner import CompareJob, Measurement, ProblemSpec, RunJob
-from gemmtune.space import candidates
-from gemmtune.space.candidates import refusal
+from gemmtune.space import candidates, refusal
 from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
 from gemmtune.workers.bench import DEFAULT_RUNNER, BenchWorker
 from gemmtune.workers.compiler import CompileJob, CompileOutcome, compile_iter
@@ -552,7 +551,7 @@ def finalists_of(
         (orders if key in binaries else firsts).append(r)
         binaries.add(key)
     chosen = (firsts + orders)[:count]
-    left_out = set(doubted) - {r.config.compile_key for r in chosen}
+    left_out = doubted - {r.config.compile_key for r in chosen}
     return chosen + [r for r in firsts if r.config.compile_key in left_out]
 
 
