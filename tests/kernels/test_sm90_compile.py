@@ -205,6 +205,26 @@ def test_eight_bit_compiles_in_every_decomposition(pool):
 
 
 @needs_nvdisasm
+def test_promoted_fp8_compiles_two_promotion_steps_per_wide_stage(pool):
+    """Narrow decode tiles with 256-byte stages, promoted: two steps of 128 elements per stage,
+    alternating between two register tiles of partial sums, in each decomposition."""
+    configs = [
+        GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
+        GemmConfig(tile_m=128, tile_n=32, swap_ab=True, stage_k_bytes=256, tma_store=False,
+                   decomposition="split_k", splits=4),
+        GemmConfig(tile_m=64, tile_n=48, schedule="pingpong", stage_k_bytes=256,
+                   decomposition="stream_k"),
+    ]  # fmt: skip
+    promoted = [sig for sig in EIGHT_BIT_SIGNATURES if sig.promoted]
+    jobs = [CompileJob(c, sig) for c in configs for sig in promoted]
+    assert all(rules.promotion_steps(j.config) == 2 for j in jobs)
+    assert all(rules.promotion_buffers(j.config) == 2 for j in jobs)
+    assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
+    reports = _check(pool, jobs)
+    assert all(r.mma_in_sass > 0 for r in reports)
+
+
+@needs_nvdisasm
 def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(pool):
     # the neighbours of `rules.BATCHED_SPILLING_TILES`, on two clusters and both epilogues
     batched = KernelSignature(batched=True)

@@ -44,6 +44,9 @@ sm90_128x128_c1x1_coop_tma_sk4      |  520x512x32768 | e4m3 e4m3 bf16 | n | row 
 sm90_128x64_c1x1_swap_pp_st_streamk |  33x1000x3008 | e4m3 e4m3 fp32 | n | tensor promoted
 sm90_128x32_c1x1_swap_pp_tma_k256_dp |  16x4096x4096 | e4m3 e4m3 bf16 | n | tensor
 sm90_64x16_c1x1_swap_pp_st_k256_sk2 |   3x6144x4112 | e4m3 e5m2 fp16 | n | row
+sm90_64x16_c4x1_swap_pp_tma_k256_dp |  8x4096x14336 | e4m3 e4m3 bf16 | n | tensor promoted
+sm90_128x32_c1x1_swap_coop_st_k256_sk4 | 5x6144x8208 | e4m3 e5m2 fp32 | n | row promoted
+sm90_64x48_c1x1_pp_tma_k256_streamk |  40x2048x4112 | e4m3 e4m3 fp32 | m | tensor promoted
 """
 
 
@@ -116,14 +119,22 @@ def test_every_row_and_column_gets_its_own_scale():
         assert errors.max() <= tolerance(torch.float32, a.dtype), (dim, errors.max())
 
 
-def test_promotion_sums_closer_to_the_exact_product_than_the_tensor_cores():
-    """The same fp8 product written in fp32, accumulated on the tensor cores and promoted per
-    k-tile: promotion's error against the float32 product is at most half the other's, and
-    no worse than torch._scaled_mm's without fast accumulation."""
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(tile_m=128, tile_n=128),
+        # two promotion steps per 256-byte stage, alternating between two partial tiles
+        GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
+    ],
+    ids=lambda c: c.compile_key,
+)
+def test_promotion_sums_closer_to_the_exact_product_than_the_tensor_cores(config):
+    """The same fp8 product written in fp32, accumulated on the tensor cores and promoted
+    every 128 elements: promotion's error against the float32 product is at most half the
+    other's, and no worse than torch._scaled_mm's without fast accumulation."""
     from gemmtune.kernels.build import compile_gemm
     from gemmtune.kernels.launch import launch
 
-    config = GemmConfig(tile_m=128, tile_n=128)
     a = random_tensor((512, 16384), torch.float8_e4m3fn)
     b = random_tensor((512, 16384), torch.float8_e4m3fn).t()
     one = torch.ones((), device="cuda")

@@ -181,15 +181,17 @@ def test_wide_stages_are_for_narrow_tiles_and_hold_twice_the_bytes():
     assert all(c.tile_n in rules.NARROW_TILE_NS for c in implemented if c.stage_k_bytes == 256)
 
 
-def test_promoted_fp8_refuses_wide_stages():
+def test_promoted_fp8_adds_two_steps_of_a_wide_stage():
     wide = GemmConfig(tile_m=128, tile_n=32, stage_k_bytes=256)
+    narrow = dataclasses.replace(wide, stage_k_bytes=128)
     promoted = KernelSignature(
         ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
     )
-    fast = dataclasses.replace(promoted, promoted=False)
-    assert "every 128 elements" in rules.signature_reason(wide, promoted)
-    assert rules.signature_reason(wide, fast) is None
-    assert rules.signature_reason(dataclasses.replace(wide, stage_k_bytes=128), promoted) is None
+    assert rules.signature_reason(wide, promoted) is None
+    assert rules.signature_reason(narrow, promoted) is None
+    # the tensor cores' sums span 128 elements either way: one step per 128-byte stage
+    assert rules.promotion_steps(wide) == 2 and rules.promotion_steps(narrow) == 1
+    assert rules.tile_k(1, wide.stage_k_bytes) == 256 and rules.tile_k(1) == 128
 
 
 def test_per_row_scales_take_their_buffers_from_the_ab_stages():

@@ -181,8 +181,8 @@ class GemmProblem:
     #: fp8 only: how the product is scaled, "tensor" or "row" (`dtypes.SCALINGS`); a
     #: product without scales (tuned_gemm's) is scaled by one per tensor
     scaling: str = ""
-    #: fp8 only: partial sums promoted into fp32 every k-tile (torch._scaled_mm without
-    #: use_fast_accum), rather than accumulated on the tensor cores
+    #: fp8 only: partial sums promoted into fp32 every 128 elements of K (torch._scaled_mm
+    #: without use_fast_accum), rather than accumulated on the tensor cores
     promoted: bool = False
     #: whether the output suits TMA (16-byte aligned base and strides): an output that does not
     #: (a row of 2,100 bf16 values is 4,200 bytes) is written by direct stores only

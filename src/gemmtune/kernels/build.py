@@ -15,6 +15,7 @@ module that only the kernel side imports, after `CUTE_DSL_ARCH` is settled.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 import shutil
@@ -250,6 +251,22 @@ MMA_INSTRUCTIONS = {
 }
 #: The SASS of a 2-CTA MMA (`cta_group::2`)
 TWO_CTA_MMA = r"\bUTC\w*MMA\w*\.2CTA\b"
+#: A Hopper wait for every WGMMA in flight
+MMA_DRAIN = r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b"
+
+
+def waits_after_every_mma(sass: str, mma_sass: str) -> bool:
+    """Whether every MMA in `sass` is followed by a wait for all MMAs before the next one:
+    what ptxas emits when it cannot prove that registers read between a WGMMA and its wait
+    are not that WGMMA's accumulators (warning C7514, "wgmma.mma_async instructions are
+    serialized"), so that no two WGMMAs of the kernel overlap. A WGMMA batch is several
+    instructions (one per k-block), so a kernel that is not serialized has MMAs followed by
+    another MMA."""
+    events = re.finditer(rf"(?P<mma>{mma_sass})|{MMA_DRAIN}", sass)
+    kinds = [e.lastgroup == "mma" for e in events]
+    mmas = sum(kinds)
+    drained = sum(1 for now, then in itertools.pairwise(kinds) if now and not then)
+    return mmas > 0 and drained == mmas
 
 
 @dataclass(frozen=True)
@@ -269,6 +286,7 @@ class BinaryReport:
     tma_store_expected: bool  # the config's `tma_store`
     two_cta_mmas: int = 0  # MMAs of the 2-CTA form in SASS
     two_cta_expected: bool = False  # the config's `two_cta`
+    serialized_mmas: bool = False  # `waits_after_every_mma`
 
     @property
     def ok(self) -> bool:
@@ -280,6 +298,7 @@ class BinaryReport:
             and (self.tma_stores > 0) == self.tma_store_expected
             and (self.tmem_loads > 0 or self.arch != "sm_100")
             and (self.two_cta_mmas > 0) == self.two_cta_expected
+            and not self.serialized_mmas
         )
 
 
@@ -302,4 +321,5 @@ def inspect_gemm(config: GemmConfig, signature: KernelSignature) -> BinaryReport
         tma_store_expected=config.tma_store,
         two_cta_mmas=len(re.findall(TWO_CTA_MMA, sass)),
         two_cta_expected=config.two_cta,
+        serialized_mmas=waits_after_every_mma(sass, mma_sass),
     )

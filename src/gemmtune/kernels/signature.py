@@ -38,9 +38,9 @@ class KernelSignature:
     batched: bool = False
     b_dtype: str = ""  # B's where it differs from A's (fp8: e4m3 with e5m2)
     scaling: str = ""  # fp8 only: "tensor" | "row" (`dtypes.SCALINGS`)
-    #: fp8 only: add each k-tile's partial sums into fp32 accumulators ("promotion", what
-    #: torch._scaled_mm does without use_fast_accum) rather than accumulate on the tensor
-    #: cores, which keep fewer bits
+    #: fp8 only: add the partial sums of every 128 elements of K into fp32 accumulators
+    #: ("promotion", what torch._scaled_mm does without use_fast_accum) rather than accumulate
+    #: on the tensor cores, which keep fewer bits
     promoted: bool = False
     #: the output suits TMA (16-byte aligned base and strides); a binary for an output that does
     #: not assumes only element alignment and stores directly

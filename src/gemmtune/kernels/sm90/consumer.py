@@ -207,6 +207,7 @@ def consume(
                     tCrA,
                     tCrB,
                     k_end - k_begin,
+                    rules.promotion_steps(gemm.config),
                 )
             else:
                 read_state, release_state = mainloop.mma_tile(

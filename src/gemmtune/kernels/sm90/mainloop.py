@@ -131,42 +131,51 @@ def mma_tile(
 
 
 @cute.jit
-def _issue_k_tile(
+def _issue_step(
     ab_pipeline: pipeline.PipelineTmaAsync,
     read_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
     partials: cute.Tensor,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
+    part: cutlass.Constexpr,
+    parts: cutlass.Constexpr,
 ):
-    """Wait for the k-tile at `read_state` and issue its WGMMAs into `partials`, from zero;
-    returns the state of the next k-tile and the MMA (whose accumulate field it set), which the
-    caller rebinds: the DSL carries values across its loops through plain local variables only,
-    not through objects a helper changed."""
-    ab_pipeline.consumer_wait(read_state)
+    """Issue the WGMMAs of promotion step `part` of the `parts` a stage holds into `partials`,
+    from zero, waiting for the stage at `read_state` before its first step; returns the read
+    state (advanced after the stage's last step) and the MMA (whose accumulate field it set),
+    which the caller rebinds: the DSL carries values across its loops through plain local
+    variables only, not through objects a helper changed."""
+    if cutlass.const_expr(part == 0):
+        ab_pipeline.consumer_wait(read_state)
     cute.nvgpu.warpgroup.fence()
-    for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+    blocks = cute.size(tCrA, mode=[2]) // parts
+    for k_block in cutlass.range_constexpr(blocks):
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, k_block != 0)
-        coord = (None, None, k_block, read_state.index)
+        coord = (None, None, part * blocks + k_block, read_state.index)
         cute.gemm(tiled_mma, partials, tCrA[coord], tCrB[coord], partials)
     cute.nvgpu.warpgroup.commit_group()
-    read_state.advance()
+    if cutlass.const_expr(part == parts - 1):
+        read_state.advance()
     return read_state, tiled_mma
 
 
 @cute.jit
-def _retire_k_tile(
+def _retire_step(
     ab_pipeline: pipeline.PipelineTmaAsync,
     release_state: pipeline.PipelineState,
     accumulators: cute.Tensor,
     partials: cute.Tensor,
     in_flight: cutlass.Constexpr,
+    last_of_stage: cutlass.Constexpr,
 ):
-    """Once at most `in_flight` k-tiles' WGMMAs are still running, free the oldest k-tile's
-    stage and add its `partials` to the fp32 `accumulators`; returns the next stage to free."""
+    """Once at most `in_flight` steps' WGMMAs are still running, add the oldest step's
+    `partials` to the fp32 `accumulators`, and free its stage where it was the stage's last
+    step; returns the next stage to free."""
     cute.nvgpu.warpgroup.wait_group(in_flight)
-    ab_pipeline.consumer_release(release_state)
-    release_state.advance()
+    if cutlass.const_expr(last_of_stage):
+        ab_pipeline.consumer_release(release_state)
+        release_state.advance()
     accumulators.store(accumulators.load() + partials.load())
     return release_state
 
@@ -182,45 +191,80 @@ def mma_tile_promoted(
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
     k_tiles: Int32,
+    parts: cutlass.Constexpr,
 ):
-    """`mma_tile` with fp8 promotion: each k-tile's WGMMAs sum into a register tile of partial
+    """`mma_tile` with fp8 promotion: the WGMMAs of each promotion step (128 elements of K; a
+    stage holds `parts` of them, `rules.promotion_steps`) sum into a register tile of partial
     sums (from zero), which is then added to the fp32 `accumulators`, so the tensor cores'
-    reduced-precision sums span one k-tile (128 elements) only, as cuBLAS does without fast
-    accumulation. The addition needs the k-tile's WGMMAs retired. With a `spare` tile (where
-    three register tiles fit, `rules.promotion_buffers`) k-tile i+1 is issued into one tile
-    while k-tile i's is added from the other, so the warpgroup's WGMMAs keep running; without,
-    each k-tile waits for the one before. Every stage is freed here (no `drain`). Returns the
-    next read state."""
+    reduced-precision sums span 128 elements only, as cuBLAS does without fast accumulation.
+    The addition needs the step's WGMMAs retired. With a `spare` tile (where three register
+    tiles fit, `rules.promotion_buffers`) step i+1 is issued into one tile while step i's is
+    added from the other, so the warpgroup's WGMMAs keep running (a two-step stage's first
+    step is added once both are retired, below); without, each step waits for the one before.
+    A stage is freed after its last step (no `drain`). Returns the next read state."""
     accumulators.fill(0.0)
     release_state = read_state.clone()
     if cutlass.const_expr(spare is None):
         for _ in range(k_tiles):
-            read_state, tiled_mma = _issue_k_tile(
-                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+            for part in cutlass.range_constexpr(parts):
+                read_state, tiled_mma = _issue_step(
+                    ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB, part, parts
+                )
+                release_state = _retire_step(
+                    ab_pipeline, release_state, accumulators, partials, 0, part == parts - 1
+                )
+    elif cutlass.const_expr(parts == 2):
+        # a stage's first step in `partials`, its second in `spare`. The first step is added
+        # once both are retired: waiting for it alone (one group left in flight), ptxas
+        # (C7514) finds the second step's tile read within its pipeline stage and serializes
+        # every WGMMA of the kernel, which ran decode tiles 10-90 % slower
+        read_state, tiled_mma = _issue_step(
+            ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB, 0, 2
+        )
+        for _ in range(k_tiles - 1):
+            read_state, tiled_mma = _issue_step(
+                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB, 1, 2
             )
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 0)
+            release_state = _retire_step(
+                ab_pipeline, release_state, accumulators, partials, 0, False
+            )
+            read_state, tiled_mma = _issue_step(
+                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB, 0, 2
+            )
+            release_state = _retire_step(ab_pipeline, release_state, accumulators, spare, 1, True)
+        read_state, tiled_mma = _issue_step(
+            ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB, 1, 2
+        )
+        release_state = _retire_step(ab_pipeline, release_state, accumulators, partials, 1, False)
+        release_state = _retire_step(ab_pipeline, release_state, accumulators, spare, 0, True)
     else:
-        # k-tiles alternate between the two tiles: even ones in `partials`, odd in `spare`
-        read_state, tiled_mma = _issue_k_tile(
-            ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+        # one step per stage; stages alternate between the tiles: even ones in `partials`
+        read_state, tiled_mma = _issue_step(
+            ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB, 0, 1
         )
         for _ in range((k_tiles - 1) // 2):
-            read_state, tiled_mma = _issue_k_tile(
-                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB
+            read_state, tiled_mma = _issue_step(
+                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB, 0, 1
             )
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 1)
-            read_state, tiled_mma = _issue_k_tile(
-                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB
+            release_state = _retire_step(
+                ab_pipeline, release_state, accumulators, partials, 1, True
             )
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, spare, 1)
+            read_state, tiled_mma = _issue_step(
+                ab_pipeline, read_state, tiled_mma, partials, tCrA, tCrB, 0, 1
+            )
+            release_state = _retire_step(ab_pipeline, release_state, accumulators, spare, 1, True)
         if (k_tiles - 1) % 2 == 1:
-            read_state, tiled_mma = _issue_k_tile(
-                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB
+            read_state, tiled_mma = _issue_step(
+                ab_pipeline, read_state, tiled_mma, spare, tCrA, tCrB, 0, 1
             )
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 1)
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, spare, 0)
+            release_state = _retire_step(
+                ab_pipeline, release_state, accumulators, partials, 1, True
+            )
+            release_state = _retire_step(ab_pipeline, release_state, accumulators, spare, 0, True)
         else:
-            release_state = _retire_k_tile(ab_pipeline, release_state, accumulators, partials, 0)
+            release_state = _retire_step(
+                ab_pipeline, release_state, accumulators, partials, 0, True
+            )
     return read_state
 
 

@@ -151,6 +151,12 @@ def promotion_buffers(config: GemmConfig) -> int:
     return 2 if 3 * accumulator_registers(config) <= max_accumulator_registers(config) else 1
 
 
+def promotion_steps(config: GemmConfig) -> int:
+    """Promotion steps per A/B stage of a promoted fp8 binary: it adds the tensor cores' sums
+    into fp32 every `TILE_K_BYTES` elements (one byte each), so a 256-byte stage takes two."""
+    return config.stage_k_bytes // TILE_K_BYTES
+
+
 def epi_tile(config: GemmConfig) -> tuple[int, int]:
     """The sub-tile the epilogue moves at a time: one MMA pass tall, 32 columns wide (16
     when 32 does not divide the tile)."""
@@ -285,19 +291,13 @@ BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
 
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
-    would spill or compute otherwise than it should, or None: promoted fp8 accumulation over
-    stages wider than the 128 elements it sums the tensor cores' results after, or with two
-    register tiles beyond what a consumer holds; more than 192 accumulator registers with a
+    would spill or compute otherwise than it should, or None: promoted fp8 accumulation with
+    two register tiles beyond what a consumer holds; more than 192 accumulator registers with a
     batch index to carry, `BATCHED_SPILLING_TILES`, and thread stores (no TMA) from
     `thread_store_register_limit` registers or more. The compile test of every signature
     checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
-    if built_for.promoted and config.stage_k_bytes != TILE_K_BYTES:
-        return (
-            f"promoted accumulation adds the tensor cores' sums every {TILE_K_BYTES} elements "
-            f"(one {TILE_K_BYTES}-byte stage)"
-        )
     if built_for.promoted and 2 * regs > max_accumulator_registers(config):
         return (
             f"promoted accumulation holds a k-tile's partial sums beside the accumulators: "
