@@ -161,6 +161,25 @@ def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=192)) == 1  # 3 x 96 > 200
 
 
+def test_promoted_tiles_of_up_to_104_accumulators_take_registers_from_the_producer():
+    promoted = KernelSignature(
+        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
+    )
+    wide = GemmConfig(tile_m=128, tile_n=208)  # 104 accumulators and 104 partial sums
+    assert rules.promoted_register_tiles(wide) == 2
+    assert rules.register_split(wide) == (40, 232)
+    assert rules.register_split(wide, 2) == (24, 240)
+    assert rules.signature_reason(wide, promoted) is None
+    assert (
+        rules.signature_reason(GemmConfig(tile_m=64, tile_n=208, schedule="pingpong"), promoted)
+        is None
+    )
+    # 2 x 112 registers are more than the 208 a consumer of 240 leaves for them
+    assert "2 x 112" in rules.signature_reason(GemmConfig(tile_m=128, tile_n=224), promoted)
+    # a tile of three register tiles under 208 leaves the producer its 40
+    assert rules.register_split(GemmConfig(tile_m=128, tile_n=128), 3) == (40, 232)
+
+
 def test_wide_stages_are_for_narrow_tiles_and_hold_twice_the_bytes():
     narrow = GemmConfig(tile_m=128, tile_n=16, swap_ab=True)
     wide = dataclasses.replace(narrow, stage_k_bytes=256)

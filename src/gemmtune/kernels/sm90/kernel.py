@@ -70,7 +70,10 @@ class HopperGemm:
         self.a_layout, self.b_layout, self.c_layout = operand_layouts(signature)
         wg = rules.THREADS_PER_WARPGROUP
         self.consumers = rules.consumer_warpgroups(config)
-        self.producer_registers, self.consumer_registers = rules.register_split(config)
+        register_tiles = rules.promoted_register_tiles(config) if signature.promoted else 1
+        self.producer_registers, self.consumer_registers = rules.register_split(
+            config, register_tiles
+        )
         # what the split-K reduction may load at once (`reduction.share_step`): a promoted
         # fp8 tile's second register tile takes the room
         spare = self.consumer_registers - rules.accumulator_registers(config)

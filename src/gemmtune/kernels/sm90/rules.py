@@ -113,13 +113,15 @@ def consumer_warpgroups(config: GemmConfig) -> int:
     return 3 if config.schedule is Schedule.COOPERATIVE and config.tile_m == 192 else 2
 
 
-def register_split(config: GemmConfig) -> tuple[int, int]:
-    """Registers per thread of the producer and of the consumers after `setmaxnreg`: the
-    producer keeps little (24 is the least allowed, taken where three consumers, or two
-    holding 208 accumulators or more, need it) and the consumers share the rest, in
-    multiples of 8."""
+def register_split(config: GemmConfig, register_tiles: int = 1) -> tuple[int, int]:
+    """Registers per thread of the producer and of the consumers after `setmaxnreg`, for
+    consumers holding `register_tiles` tiles of accumulators (promoted fp8 holds partial sums
+    beside them, `promoted_register_tiles`): the producer keeps little (24 is the least
+    allowed, taken where three consumers, or two holding 208 registers of tiles or more, need
+    it) and the consumers share the rest, in multiples of 8."""
     consumers = consumer_warpgroups(config)
-    producer = 40 if consumers == 2 and accumulator_registers(config) < 208 else 24
+    tile_registers = register_tiles * accumulator_registers(config)
+    producer = 40 if consumers == 2 and tile_registers < 208 else 24
     per_row = REGISTER_FILE // THREADS_PER_WARPGROUP
     return producer, (per_row - producer) // consumers // 8 * 8
 
@@ -140,15 +142,23 @@ def accumulator_registers(config: GemmConfig) -> int:
     return rows_per_warpgroup * config.tile_n // THREADS_PER_WARPGROUP
 
 
-def max_accumulator_registers(config: GemmConfig) -> int:
-    return register_split(config)[1] - CONSUMER_OVERHEAD_REGISTERS
+def max_accumulator_registers(config: GemmConfig, register_tiles: int = 1) -> int:
+    """Registers a consumer thread may give its `register_tiles` tiles of accumulators."""
+    return register_split(config, register_tiles)[1] - CONSUMER_OVERHEAD_REGISTERS
 
 
 def promotion_buffers(config: GemmConfig) -> int:
     """Register tiles of partial sums a promoted fp8 binary keeps beside its accumulators: two
     where three tiles fit a consumer's registers (one k-tile's WGMMAs run while the other's
     sums are added), else one (`signature_reason` refuses tiles where two do not fit)."""
-    return 2 if 3 * accumulator_registers(config) <= max_accumulator_registers(config) else 1
+    regs = accumulator_registers(config)
+    return 2 if 3 * regs <= max_accumulator_registers(config, 3) else 1
+
+
+def promoted_register_tiles(config: GemmConfig) -> int:
+    """Tiles of fp32 registers a promoted fp8 binary's consumer holds: its accumulators and
+    `promotion_buffers` tiles of partial sums."""
+    return 1 + promotion_buffers(config)
 
 
 def promotion_steps(config: GemmConfig) -> int:
@@ -298,10 +308,10 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
     regs = accumulator_registers(config)
-    if built_for.promoted and 2 * regs > max_accumulator_registers(config):
+    if built_for.promoted and 2 * regs > max_accumulator_registers(config, 2):
         return (
             f"promoted accumulation holds a k-tile's partial sums beside the accumulators: "
-            f"2 x {regs} registers per thread, more than {max_accumulator_registers(config)}"
+            f"2 x {regs} registers per thread, more than {max_accumulator_registers(config, 2)}"
         )
     if built_for.batched and regs > 192:
         return f"{regs} accumulator registers per thread spill with a batch dimension"
