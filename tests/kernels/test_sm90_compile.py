@@ -207,18 +207,21 @@ def test_eight_bit_compiles_in_every_decomposition(pool):
 @needs_nvdisasm
 def test_promoted_fp8_compiles_two_promotion_steps_per_wide_stage(pool):
     """Narrow decode tiles with 256-byte stages, promoted: two steps of 128 elements per stage,
-    alternating between two register tiles of partial sums, in each decomposition."""
+    consecutive stages alternating between two pairs of register tiles of partial sums (one
+    pair where five tiles do not fit: 128x48 ping-pong), in each decomposition; none with
+    serialized WGMMAs (`_check`)."""
     configs = [
         GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
         GemmConfig(tile_m=128, tile_n=32, swap_ab=True, stage_k_bytes=256, tma_store=False,
                    decomposition="split_k", splits=4),
         GemmConfig(tile_m=64, tile_n=48, schedule="pingpong", stage_k_bytes=256,
                    decomposition="stream_k"),
+        GemmConfig(tile_m=128, tile_n=48, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
     ]  # fmt: skip
     promoted = [sig for sig in EIGHT_BIT_SIGNATURES if sig.promoted]
     jobs = [CompileJob(c, sig) for c in configs for sig in promoted]
     assert all(rules.promotion_steps(j.config) == 2 for j in jobs)
-    assert all(rules.promotion_buffers(j.config) == 2 for j in jobs)
+    assert [rules.promotion_buffers(c) for c in configs] == [4, 4, 4, 2]
     assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
     reports = _check(pool, jobs)
     assert all(r.mma_in_sass > 0 for r in reports)

@@ -159,6 +159,10 @@ def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=128)) == 2  # 3 x 64 <= 200
     assert sm90.promotion_buffers(GemmConfig(tile_m=64, tile_n=16, schedule="pingpong")) == 2
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=192)) == 1  # 3 x 96 > 200
+    # two-step stages: two pairs where five tiles fit (5 x 8), else one pair (5 x 48 > 208)
+    wide = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256)
+    assert sm90.promotion_buffers(wide) == 4
+    assert sm90.promotion_buffers(dataclasses.replace(wide, tile_m=128, tile_n=48)) == 2
 
 
 def test_promoted_tiles_of_up_to_104_accumulators_take_registers_from_the_producer():

@@ -106,10 +106,10 @@ def consume(
         thr_mma.partition_C(gC[(None, None, 0, 0, 0)]).shape, gemm.acc_dtype
     )
     if cutlass.const_expr(gemm.promoted):
-        partials = cute.make_rmem_tensor(accumulators.shape, gemm.acc_dtype)
-        spare = None
-        if cutlass.const_expr(rules.promotion_buffers(gemm.config) == 2):
-            spare = cute.make_rmem_tensor(accumulators.shape, gemm.acc_dtype)
+        partials = tuple(
+            cute.make_rmem_tensor(accumulators.shape, gemm.acc_dtype)
+            for _ in range(rules.promotion_buffers(gemm.config))
+        )
     cluster_ctas = gemm.cluster_shape_mn[0] * gemm.cluster_shape_mn[1]
     cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * gemm.cluster_shape_mn[0]
 
@@ -203,7 +203,6 @@ def consume(
                     tiled_mma,
                     accumulators,
                     partials,
-                    spare,
                     tCrA,
                     tCrB,
                     k_end - k_begin,

@@ -148,10 +148,14 @@ def max_accumulator_registers(config: GemmConfig, register_tiles: int = 1) -> in
 
 
 def promotion_buffers(config: GemmConfig) -> int:
-    """Register tiles of partial sums a promoted fp8 binary keeps beside its accumulators: two
-    where three tiles fit a consumer's registers (one k-tile's WGMMAs run while the other's
-    sums are added), else one (`signature_reason` refuses tiles where two do not fit)."""
+    """Register tiles of partial sums a promoted fp8 binary keeps beside its accumulators
+    (`mainloop.mma_tile_promoted`): four for two-step stages where five tiles fit a consumer's
+    registers (one stage's two steps run while the other's sums are added), two where three
+    fit (one step runs while the other is added), else one (`signature_reason` refuses tiles
+    where two do not fit)."""
     regs = accumulator_registers(config)
+    if promotion_steps(config) == 2 and 5 * regs <= max_accumulator_registers(config, 5):
+        return 4
     return 2 if 3 * regs <= max_accumulator_registers(config, 3) else 1
 
 
