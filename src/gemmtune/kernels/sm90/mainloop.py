@@ -197,10 +197,11 @@ def mma_tile_promoted(
     sums (from zero), which is then added to the fp32 `accumulators`, so the tensor cores'
     reduced-precision sums span 128 elements only, as cuBLAS does without fast accumulation.
     The addition needs the step's WGMMAs retired. `partials` holds `rules.promotion_buffers`
-    such tiles: with one, each step waits for the one before; with two, consecutive stages
-    alternate between them, so one stage's WGMMAs run while the other's sums are added; with
-    four (two-step stages), consecutive stages alternate between two pairs. A stage is freed
-    after its last step (no `drain`). Returns the next read state."""
+    such tiles: with one, each step waits for the one before; with two per step of a stage,
+    consecutive stages alternate between two sets of them, so one stage's WGMMAs run while
+    the other's sums are added; two-step stages with one pair drain before each stage's first
+    step (below). A stage is freed after its last step (no `drain`). Returns the next read
+    state."""
     accumulators.fill(0.0)
     release_state = read_state.clone()
     if cutlass.const_expr(len(partials) == 1):
@@ -212,11 +213,34 @@ def mma_tile_promoted(
                 release_state = _retire_step(
                     ab_pipeline, release_state, accumulators, partials[0], 0, part == parts - 1
                 )
-    elif cutlass.const_expr(parts == 2 and len(partials) == 2):
-        # a stage's first step in one tile, its second in the other. The first step is added
-        # once both are retired: waiting for it alone (one group left in flight), ptxas
-        # (C7514) finds the second step's tile read within its pipeline stage and serializes
-        # every WGMMA of the kernel, which ran decode tiles 10-90 % slower
+    elif cutlass.const_expr(len(partials) == 2 * parts):
+        # consecutive stages alternate between two sets of `parts` tiles; a stage's sums are
+        # added once the next stage's steps are issued (`parts` groups left in flight)
+        even, odd = partials[:parts], partials[parts:]
+        read_state, tiled_mma = _issue_stage(ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB)
+        for _ in range((k_tiles - 1) // 2):
+            read_state, tiled_mma = _issue_stage(
+                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB
+            )
+            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, parts)
+            read_state, tiled_mma = _issue_stage(
+                ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB
+            )
+            release_state = _retire_stage(ab_pipeline, release_state, accumulators, odd, parts)
+        if (k_tiles - 1) % 2 == 1:
+            read_state, tiled_mma = _issue_stage(
+                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB
+            )
+            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, parts)
+            release_state = _retire_stage(ab_pipeline, release_state, accumulators, odd, 0)
+        else:
+            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, 0)
+    else:
+        # two-step stages in one pair of tiles: a stage's first step in one, its second in
+        # the other. The first step is added once both are retired: waiting for it alone (one
+        # group left in flight), ptxas (C7514) finds the second step's tile read within its
+        # pipeline stage and serializes every WGMMA of the kernel, which ran decode tiles
+        # 10-90 % slower
         first, second = partials
         read_state, tiled_mma = _issue_step(
             ab_pipeline, read_state, tiled_mma, first, tCrA, tCrB, 0, 2
@@ -235,51 +259,6 @@ def mma_tile_promoted(
         )
         release_state = _retire_step(ab_pipeline, release_state, accumulators, first, 1, False)
         release_state = _retire_step(ab_pipeline, release_state, accumulators, second, 0, True)
-    elif cutlass.const_expr(parts == 2):
-        # stages alternate between two pairs of tiles; a stage's pair is added once the next
-        # stage's steps are issued (two groups left in flight)
-        even, odd = partials[:2], partials[2:]
-        read_state, tiled_mma = _issue_stage(ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB)
-        for _ in range((k_tiles - 1) // 2):
-            read_state, tiled_mma = _issue_stage(
-                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB
-            )
-            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, 2)
-            read_state, tiled_mma = _issue_stage(
-                ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB
-            )
-            release_state = _retire_stage(ab_pipeline, release_state, accumulators, odd, 2)
-        if (k_tiles - 1) % 2 == 1:
-            read_state, tiled_mma = _issue_stage(
-                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB
-            )
-            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, 2)
-            release_state = _retire_stage(ab_pipeline, release_state, accumulators, odd, 0)
-        else:
-            release_state = _retire_stage(ab_pipeline, release_state, accumulators, even, 0)
-    else:
-        # one step per stage; stages alternate between the tiles
-        even, odd = partials
-        read_state, tiled_mma = _issue_step(
-            ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB, 0, 1
-        )
-        for _ in range((k_tiles - 1) // 2):
-            read_state, tiled_mma = _issue_step(
-                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB, 0, 1
-            )
-            release_state = _retire_step(ab_pipeline, release_state, accumulators, even, 1, True)
-            read_state, tiled_mma = _issue_step(
-                ab_pipeline, read_state, tiled_mma, even, tCrA, tCrB, 0, 1
-            )
-            release_state = _retire_step(ab_pipeline, release_state, accumulators, odd, 1, True)
-        if (k_tiles - 1) % 2 == 1:
-            read_state, tiled_mma = _issue_step(
-                ab_pipeline, read_state, tiled_mma, odd, tCrA, tCrB, 0, 1
-            )
-            release_state = _retire_step(ab_pipeline, release_state, accumulators, even, 1, True)
-            release_state = _retire_step(ab_pipeline, release_state, accumulators, odd, 0, True)
-        else:
-            release_state = _retire_step(ab_pipeline, release_state, accumulators, even, 0, True)
     return read_state
 
 
@@ -288,16 +267,17 @@ def _issue_stage(
     ab_pipeline: pipeline.PipelineTmaAsync,
     read_state: pipeline.PipelineState,
     tiled_mma: cute.TiledMma,
-    pair: tuple,
+    tiles: tuple,
     tCrA: cute.Tensor,
     tCrB: cute.Tensor,
 ):
-    """Issue both promotion steps of the two-step stage at `read_state`, one into each tile of
-    `pair`, each its own group; returns what `_issue_step` returns."""
-    read_state, tiled_mma = _issue_step(
-        ab_pipeline, read_state, tiled_mma, pair[0], tCrA, tCrB, 0, 2
-    )
-    return _issue_step(ab_pipeline, read_state, tiled_mma, pair[1], tCrA, tCrB, 1, 2)
+    """Issue every promotion step of the stage at `read_state`, step i into `tiles[i]`, each
+    its own group; returns what `_issue_step` returns."""
+    for part in cutlass.range_constexpr(len(tiles)):
+        read_state, tiled_mma = _issue_step(
+            ab_pipeline, read_state, tiled_mma, tiles[part], tCrA, tCrB, part, len(tiles)
+        )
+    return read_state, tiled_mma
 
 
 @cute.jit
@@ -305,15 +285,21 @@ def _retire_stage(
     ab_pipeline: pipeline.PipelineTmaAsync,
     release_state: pipeline.PipelineState,
     accumulators: cute.Tensor,
-    pair: tuple,
+    tiles: tuple,
     in_flight: cutlass.Constexpr,
 ):
-    """Once at most `in_flight` groups are still running, add both steps of the oldest stage
-    (`pair`) and free it; returns the next stage to free."""
-    release_state = _retire_step(
-        ab_pipeline, release_state, accumulators, pair[0], in_flight, False
-    )
-    return _retire_step(ab_pipeline, release_state, accumulators, pair[1], in_flight, True)
+    """Once at most `in_flight` groups are still running, add every step of the oldest stage
+    (`tiles`) and free it; returns the next stage to free."""
+    for part in cutlass.range_constexpr(len(tiles)):
+        release_state = _retire_step(
+            ab_pipeline,
+            release_state,
+            accumulators,
+            tiles[part],
+            in_flight,
+            part == len(tiles) - 1,
+        )
+    return release_state
 
 
 @cute.jit
