@@ -38,6 +38,20 @@ def test_register_split_fits_the_register_file():
         assert producer % 8 == 0 and consumer % 8 == 0 and 24 <= producer <= consumer <= 256
         assert (producer + consumers * consumer) * WG <= rules.REGISTER_FILE
         assert rules.accumulator_registers(config) <= consumer - rules.CONSUMER_OVERHEAD_REGISTERS
+    # promoted fp8: every binary its signatures accept holds all its register tiles
+    promoted = KernelSignature(
+        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
+    )
+    for config in rules.implemented_configs():
+        if rules.signature_reason(config, promoted) is not None:
+            continue
+        tiles = rules.promoted_register_tiles(config)
+        producer, consumer = rules.register_split(config, tiles)
+        consumers = rules.consumer_warpgroups(config)
+        assert (producer + consumers * consumer) * WG <= rules.REGISTER_FILE
+        assert tiles * rules.accumulator_registers(config) <= (
+            consumer - rules.CONSUMER_OVERHEAD_REGISTERS
+        )
     # the consumers get all but the producer's share, rounded down to a multiple of 8
     assert rules.register_split(GemmConfig(tile_m=256, tile_n=128)) == (40, 232)
     assert rules.register_split(GemmConfig(tile_m=192, tile_n=192)) == (24, 160)
