@@ -128,7 +128,7 @@ def test_every_row_and_column_gets_its_own_scale():
     "config",
     [
         GemmConfig(tile_m=128, tile_n=128),
-        # two promotion steps per 256-byte stage, alternating between two partial tiles
+        # two promotion steps per 256-byte stage, stages alternating between two pairs of tiles
         GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
     ],
     ids=lambda c: c.compile_key,

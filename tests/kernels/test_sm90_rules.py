@@ -13,6 +13,11 @@ from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 
+#: A promoted fp8 product's signature: e4m3 per tensor into bf16
+PROMOTED = KernelSignature(
+    ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
+)
+
 WG = rules.THREADS_PER_WARPGROUP
 
 
@@ -39,11 +44,8 @@ def test_register_split_fits_the_register_file():
         assert (producer + consumers * consumer) * WG <= rules.REGISTER_FILE
         assert rules.accumulator_registers(config) <= consumer - rules.CONSUMER_OVERHEAD_REGISTERS
     # promoted fp8: every binary its signatures accept holds all its register tiles
-    promoted = KernelSignature(
-        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
-    )
     for config in rules.implemented_configs():
-        if rules.signature_reason(config, promoted) is not None:
+        if rules.signature_reason(config, PROMOTED) is not None:
             continue
         tiles = rules.promoted_register_tiles(config)
         producer, consumer = rules.register_split(config, tiles)
@@ -180,20 +182,17 @@ def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
 
 
 def test_promoted_tiles_of_up_to_104_accumulators_take_registers_from_the_producer():
-    promoted = KernelSignature(
-        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
-    )
     wide = GemmConfig(tile_m=128, tile_n=208)  # 104 accumulators and 104 partial sums
     assert rules.promoted_register_tiles(wide) == 2
     assert rules.register_split(wide) == (40, 232)
     assert rules.register_split(wide, 2) == (24, 240)
-    assert rules.signature_reason(wide, promoted) is None
+    assert rules.signature_reason(wide, PROMOTED) is None
     assert (
-        rules.signature_reason(GemmConfig(tile_m=64, tile_n=208, schedule="pingpong"), promoted)
+        rules.signature_reason(GemmConfig(tile_m=64, tile_n=208, schedule="pingpong"), PROMOTED)
         is None
     )
     # 2 x 112 registers are more than the 208 a consumer of 240 leaves for them
-    assert "2 x 112" in rules.signature_reason(GemmConfig(tile_m=128, tile_n=224), promoted)
+    assert "2 x 112" in rules.signature_reason(GemmConfig(tile_m=128, tile_n=224), PROMOTED)
     # a tile of three register tiles under 208 leaves the producer its 40
     assert rules.register_split(GemmConfig(tile_m=128, tile_n=128), 3) == (40, 232)
 
@@ -221,11 +220,8 @@ def test_wide_stages_are_for_narrow_tiles_and_hold_twice_the_bytes():
 def test_promoted_fp8_adds_two_steps_of_a_wide_stage():
     wide = GemmConfig(tile_m=128, tile_n=32, stage_k_bytes=256)
     narrow = dataclasses.replace(wide, stage_k_bytes=128)
-    promoted = KernelSignature(
-        ab_dtype="e4m3", out_dtype="bf16", b_major="k", scaling="tensor", promoted=True
-    )
-    assert rules.signature_reason(wide, promoted) is None
-    assert rules.signature_reason(narrow, promoted) is None
+    assert rules.signature_reason(wide, PROMOTED) is None
+    assert rules.signature_reason(narrow, PROMOTED) is None
     # the tensor cores' sums span 128 elements either way: one step per 128-byte stage
     assert rules.promotion_steps(wide) == 2 and rules.promotion_steps(narrow) == 1
     assert rules.tile_k(1, wide.stage_k_bytes) == 256 and rules.tile_k(1) == 128

@@ -75,7 +75,7 @@ class HopperGemm:
             config, register_tiles
         )
         # what the split-K reduction may load at once (`reduction.share_step`): a promoted
-        # fp8 tile's second register tile takes the room
+        # fp8 tile's tiles of partial sums take the room
         spare = self.consumer_registers - rules.accumulator_registers(config)
         spare -= rules.CONSUMER_OVERHEAD_REGISTERS
         self.share_registers = 0 if signature.promoted else spare

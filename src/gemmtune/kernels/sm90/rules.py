@@ -314,7 +314,7 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     regs = accumulator_registers(config)
     if built_for.promoted and 2 * regs > max_accumulator_registers(config, 2):
         return (
-            f"promoted accumulation holds a k-tile's partial sums beside the accumulators: "
+            f"promoted accumulation holds a promotion step's partial sums beside the accumulators: "
             f"2 x {regs} registers per thread, more than {max_accumulator_registers(config, 2)}"
         )
     if built_for.batched and regs > 192:
