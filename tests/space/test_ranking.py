@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from gemmtune.core.config import GemmConfig, Schedule
+from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.space import candidates, ranking
@@ -334,6 +334,64 @@ def test_top_k_adds_a_pingpong_tile_of_128_accumulators_to_compute_bound_8_bit_p
     p = fp8_linear(333, 4096, 4096)
     top = model.top_k(p, candidates(p, orders=False), 8)
     assert not any(small_pingpong(c) for c in top[8:])
+
+
+def test_pads_cluster_counts_the_tiles_along_each_side_of_the_cluster():
+    p = fp8_linear(1024, 4352, 4096)  # 8 tiles of 128 rows, 31 of 144 columns
+    tile = GemmConfig(arch="sm_90", tile_m=128, tile_n=144, schedule=Schedule.PINGPONG)
+    assert ranking.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=2), p)
+    assert not ranking.pads_cluster(dataclasses.replace(tile, cluster_m=2, cluster_n=1), p)
+    assert ranking.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=4), p)
+    assert not ranking.pads_cluster(tile, p)
+    # a swapped config's kernel cuts the transposed output: 34 tiles of 128 weight rows
+    swapped = dataclasses.replace(tile, swap_ab=True, cluster_m=2, cluster_n=1)
+    assert not ranking.pads_cluster(swapped, p)
+    assert not ranking.pads_cluster(dataclasses.replace(swapped, cluster_m=1, cluster_n=2), p)
+
+
+def test_top_k_adds_the_unpadded_twin_of_a_padded_cluster_of_two():
+    """fp8 1024 x 4352 x 4096 on an H200: ping-pong 128x144 in clusters of 1x2 (the top 8's,
+    one CTA of the last cluster column idle) 33.0-33.5 µs, in clusters of 2x1 29.9-31.0: the
+    twin comes after the k. None for a memory-bound decode batch."""
+    model = RankingModel()
+    p = fp8_linear(1024, 4352, 4096)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    padded = [
+        c
+        for c in top[:8]
+        if c.cluster_m * c.cluster_n == 2
+        and c.decomposition is Decomposition.DATA_PARALLEL
+        and ranking.pads_cluster(c, p)
+    ]
+    assert padded
+    for config in padded:
+        twin = dataclasses.replace(config, cluster_m=config.cluster_n, cluster_n=config.cluster_m)
+        assert twin in top[8:]
+        assert not ranking.pads_cluster(twin, p)
+    assert len(top) == len(set(top))
+    # a decode batch streams the weight: no twin, however padded its clusters
+    p = fp8_linear(16, 4352, 4096)
+    assert model.memory_bound(p)
+    offered = set(candidates(p, orders=False))
+    padded = list(padded_twins_of(offered, p))
+    assert padded
+    assert model._unpadded_twins(p, padded, offered) == []
+
+
+def padded_twins_of(offered, p):
+    """The data-parallel clusters of two in `offered` that pad, whose twin does not."""
+    found = set()
+    for c in offered:
+        twin = dataclasses.replace(c, cluster_m=c.cluster_n, cluster_n=c.cluster_m)
+        if (
+            c.cluster_m * c.cluster_n == 2
+            and c.decomposition is Decomposition.DATA_PARALLEL
+            and ranking.pads_cluster(c, p)
+            and twin in offered
+            and not ranking.pads_cluster(twin, p)
+        ):
+            found.add(c)
+    return found
 
 
 def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypatch):

@@ -169,11 +169,31 @@ def short_store_rows(config: GemmConfig, problem: GemmProblem) -> bool:
 #: the windowed fp8 timings; unclustered, 1000 x 6144 x 4096 ran 45.9 µs against 37.6) with
 #: more tiles than SMs (where a CTA has a second tile to overlap) is timed beside them.
 EIGHT_BIT_PINGPONG_REGISTERS = 128
+#: A cluster of two whose second CTA falls past the problem's last tile along the cluster's
+#: side (31 tiles of 144 on 4352 columns in clusters of 1x2) leaves an SM idle for that unit,
+#: which the model's per-unit constants do not see: the two shapes of a tile are predicted
+#: within `TIE_MARGIN` and one takes the place. Timed, either may win: fp8 1024 x 4352 x 4096
+#: (H200, per tensor, windows beside torch._scaled_mm) ran ping-pong 128x144 in clusters of
+#: 1x2 in 33.0-33.5 µs and of 2x1 (no CTA idle) in 29.9-31.0, cuBLASLt's own tiling; yet
+#: 4096 x 28672 x 4096's exhaustive best is 128x176 in clusters of 1x2, whose 163 columns of
+#: tiles leave one CTA idle. So on compute-bound problems a padded data-parallel cluster of
+#: two in the top k brings its transposed shape after them where that one pads nothing. On
+#: the exhaustive fp8 timings this took 1k x 4352's replayed tune from 0.955-0.957 of the
+#: best to 1.000, changed no other shape and added a binary on 3 of 19; on the 16-bit
+#: timings it added none (`docs/ranking.md`).
+PADDED_CLUSTER_CTAS = 2
 
 
 #: The fields a tie's configs may differ in.
 TIE_FIELDS = frozenset({"tma_store", "cluster_m", "cluster_n"})
 _TIE_KEY_FIELDS = tuple(f.name for f in dataclasses.fields(GemmConfig) if f.name not in TIE_FIELDS)
+
+
+def pads_cluster(config: GemmConfig, problem: GemmProblem) -> bool:
+    """Whether some of the config's clusters hold a CTA past the problem's last tile: its
+    tiles along a cluster's side are not a multiple of the cluster's CTAs there."""
+    grid = TileGrid.of(config, problem.m, problem.n, problem.l)
+    return grid.tiles_m % grid.cluster_m != 0 or grid.tiles_n % grid.cluster_n != 0
 
 
 def tie_key(config: GemmConfig) -> tuple:
@@ -450,7 +470,10 @@ class RankingModel:
         none of the k reads the larger operand once and a config that does is predicted
         within `ONCE_MARGIN`, the best such config comes as a (k+1)-th; where a compute-bound
         8-bit problem's k hold no ping-pong tile of `EIGHT_BIT_PINGPONG_REGISTERS`
-        accumulators, the best of those comes after them (`_pingpong_pick`). Before that, a
+        accumulators, the best of those comes after them (`_pingpong_pick`), and on a
+        compute-bound problem a data-parallel cluster of two among the k whose clusters hold
+        a CTA past the last tile brings its transposed shape where that one holds none
+        (`_unpadded_twins`, `PADDED_CLUSTER_CTAS`). Before that, a
         one-wave config that reads it twice gives its place to its twin that reads it once
         (`_once_twin`; two that share a twin leave one place empty). Of a config and its
         operand-swapped twin predicted alike, the one whose epilogue stores rows longer than
@@ -527,10 +550,34 @@ class RankingModel:
         top = sorted(kept, key=kept.__getitem__)[:k]
         top = list(dict.fromkeys(self._once_twin(problem, c, predicted) for c in top))
         extra = [
+            *self._unpadded_twins(problem, top, offered),
             self._reads_once_pick(problem, ranked, top),
             self._pingpong_pick(problem, ranked, top),
         ]
-        return [*top, *(c for c in dict.fromkeys(extra) if c is not None)]
+        return [*top, *(c for c in dict.fromkeys(extra) if c is not None and c not in top)]
+
+    def _unpadded_twins(
+        self, problem: GemmProblem, top: list[GemmConfig], offered: set[GemmConfig]
+    ) -> list[GemmConfig]:
+        """For a compute-bound problem, the transposed cluster shape of each data-parallel
+        config of `top` in a cluster of `PADDED_CLUSTER_CTAS` that `pads_cluster`, where
+        `offered` holds it and it pads nothing."""
+        if self.memory_bound(problem):
+            return []
+        found = []
+        for config in top:
+            if (
+                config.decomposition is not Decomposition.DATA_PARALLEL
+                or config.cluster_m * config.cluster_n != PADDED_CLUSTER_CTAS
+                or not pads_cluster(config, problem)
+            ):
+                continue
+            twin = dataclasses.replace(
+                config, cluster_m=config.cluster_n, cluster_n=config.cluster_m
+            )
+            if twin in offered and not pads_cluster(twin, problem):
+                found.append(twin)
+        return found
 
     def _pingpong_pick(
         self, problem: GemmProblem, ranked: list[tuple[float, GemmConfig]], top: list[GemmConfig]
