@@ -221,12 +221,12 @@ def main(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    signature = SIGNATURES[args.dtype]
     configs = [
         c
         for c in rules.implemented_configs(tuple(Decomposition))
-        if re.search(args.match, c.compile_key)
+        if re.search(args.match, c.compile_key) and rules.signature_reason(c, signature) is None
     ]
-    signature = SIGNATURES[args.dtype]
     jobs = [CompileJob(c, signature) for c in configs]
     start = time.perf_counter()
     kernels, failed_outcomes = compile_and_load(jobs, workers=args.workers)

@@ -283,3 +283,21 @@ def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
         promoted=promoted,
     )
     assert rules.serves(config, problem) is None
+
+
+def test_widths_of_an_odd_number_of_8_column_blocks_serve_fp8_inputs_only():
+    fp8 = KernelSignature("e4m3", "bf16", "k", "k", "n", False, scaling="tensor")
+    int8 = KernelSignature("int8", "int32", "k", "k", "n", False)
+    for width in rules.ODD_EIGHT_TILE_NS:
+        assert width % 16 == 8
+        config = GemmConfig(tile_m=128, tile_n=width, schedule="pingpong", swap_ab=True)
+        assert rules.implements(config) is None
+        assert rules.epi_tile(config) == (64, 8)
+        assert rules.signature_reason(config, fp8) is None
+        for other in (int8, KernelSignature()):
+            why = rules.signature_reason(config, other)
+            assert why is not None and "fp8 inputs only" in why
+        assert "TMA" in rules.implements(dataclasses.replace(config, tma_store=False))
+    # a width of an even number of blocks keeps its 16- or 32-column sub-tiles
+    assert rules.epi_tile(GemmConfig(tile_m=128, tile_n=80, schedule="pingpong")) == (64, 16)
+    assert rules.epi_tile(GemmConfig(tile_m=128, tile_n=96, schedule="pingpong")) == (64, 32)

@@ -6,6 +6,7 @@ import torch
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
+from gemmtune.kernels.sm90.rules import ODD_EIGHT_TILE_NS
 from gemmtune.space import candidates, ranking
 from gemmtune.space.ranking import (
     CLASS_MARGIN,
@@ -38,9 +39,13 @@ def test_calibration_ships_every_sm90_family_but_the_narrow_ones():
 
     calibration = load_calibration("sm_90")
     configs = rules.implemented_configs()
-    wide = {family(c) for c in configs if c.tile_n >= rules.FITTED_MIN_TILE_N}
-    narrow = {family(c) for c in configs} - wide
+    # widths of an odd number of 8-column blocks (fp8 only) take constants interpolated
+    # between the fitted widths around them (`full_swizzle_constants`)
+    odd = {family(c) for c in configs if c.tile_n in ODD_EIGHT_TILE_NS}
+    wide = {family(c) for c in configs if c.tile_n >= rules.FITTED_MIN_TILE_N} - odd
+    narrow = {family(c) for c in configs} - wide - odd
     assert wide <= set(calibration["families"])
+    assert odd and not odd & set(calibration["families"])
     assert narrow and not narrow & set(calibration["families"])
     assert all(a > 0 and c >= 0 for a, c in calibration["families"].values())
 
@@ -394,6 +399,11 @@ def padded_twins_of(offered, p):
     return found
 
 
+def even_widths(space):
+    """`space` without the widths of an odd number of 8-column blocks (fp8 only)."""
+    return [c for c in space if c.tile_n not in ODD_EIGHT_TILE_NS]
+
+
 def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypatch):
     # fp8 333 x 4096 x 4096 on an H200: swapped 64x176 in clusters of 1x2 (the weight tile
     # multicast to both tiles of the 333 rows) 14.1 µs, in clusters of 2x1 17.3, the tuned
@@ -403,7 +413,7 @@ def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypa
     monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
     p = fp8_linear(333, 4096, 4096)
     model = RankingModel()
-    space = candidates(p, orders=False)
+    space = even_widths(candidates(p, orders=False))
     ranked = [c for _, c in model.rank(p, space)]
     assert not reads_larger_once(ranked[0], p)
     top = model.top_k(p, space, 8)
@@ -440,8 +450,12 @@ def test_a_one_wave_config_that_reads_the_weight_twice_gives_its_place_to_its_tw
     # 333 rows: the swapped 64x176 in clusters of 1x2 (14.1 µs against 17.3 in 2x1) comes in
     # as a twin, and the top 8 needs no ninth
     p = fp8_linear(333, 4096, 4096)
-    top = model.top_k(p, candidates(p, orders=False), 8)
+    top = model.top_k(p, even_widths(candidates(p, orders=False)), 8)
     assert len(top) == 8 and "sm90_64x176_c1x2_swap_pp_tma_dp" in {c.compile_key for c in top}
+    # with the odd widths, cuBLASLt's own tile there (swapped 64x168 in clusters of two, two
+    # tiles for the 333 rows) reads the weight once in the top 8
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert "sm90_64x168_c1x2_swap_pp_tma_dp" in {c.compile_key for c in top[:8]}
     # problems that are not skewed, or of many waves, keep their top 8
     for other in (problem(4096, 4096, 4096), problem(16, 28672, 4096, linear=True)):
         space = candidates(other, orders=False)
@@ -559,3 +573,32 @@ def test_of_twins_predicted_alike_the_one_that_stores_long_rows_takes_the_place(
     m_major = dataclasses.replace(p, out_major="m")
     top = model.top_k(m_major, candidates(m_major, orders=False), 8)
     assert not any(ranking.short_store_rows(c, m_major) and c.tile_n == 176 for c in top)
+
+
+def test_odd_eight_widths_are_ranked_swapped_where_they_fit_a_few_hundred_rows():
+    """cuBLASLt's tiles on an H200: 777 rows as nine of 88, 300 as three of 104, 200 as one
+    of 200; a width of 16 more would make as many tiles with more padding."""
+    wide = GemmConfig(tile_m=256, tile_n=88, swap_ab=True)
+    assert ranking.fits_rows(wide, fp8_linear(777, 3584, 3584))
+    assert ranking.fits_rows(dataclasses.replace(wide, tile_n=104), fp8_linear(300, 9216, 3072))
+    assert ranking.fits_rows(dataclasses.replace(wide, tile_n=200), fp8_linear(200, 14336, 4096))
+    # 208 rows: one tile of 208 fits them, a tile of 200 needs two
+    assert not ranking.fits_rows(dataclasses.replace(wide, tile_n=200), fp8_linear(208, 4096, 4096))
+    # 96 rows fit one tile of 96: 104 is no narrower for as many tiles
+    assert not ranking.fits_rows(dataclasses.replace(wide, tile_n=104), fp8_linear(96, 4096, 4096))
+    # unswapped, or on more rows than `ODD_EIGHT_MAX_ROWS`: not ranked
+    assert not ranking.fits_rows(
+        dataclasses.replace(wide, swap_ab=False), fp8_linear(777, 3584, 3584)
+    )
+    assert not ranking.fits_rows(wide, fp8_linear(4096, 3584, 3584))
+    # widths of an even number of blocks are ranked everywhere
+    assert ranking.fits_rows(
+        dataclasses.replace(wide, tile_n=96, swap_ab=False), fp8_linear(4096, 4096, 4096)
+    )
+    model = RankingModel()
+    p = fp8_linear(777, 3584, 3584)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert any(c.tile_n in ODD_EIGHT_TILE_NS for c in top)
+    p = fp8_linear(2048, 2048, 2048)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert not any(c.tile_n in ODD_EIGHT_TILE_NS for c in top)

@@ -55,6 +55,7 @@ from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
 from gemmtune.kernels.sm90.rules import (
+    ODD_EIGHT_TILE_NS,
     TILE_K_BYTES,
     WIDE_STAGE_K_BYTES,
     accumulator_registers,
@@ -194,6 +195,26 @@ def pads_cluster(config: GemmConfig, problem: GemmProblem) -> bool:
     tiles along a cluster's side are not a multiple of the cluster's CTAs there."""
     grid = TileGrid.of(config, problem.m, problem.n, problem.l)
     return grid.tiles_m % grid.cluster_m != 0 or grid.tiles_n % grid.cluster_n != 0
+
+
+#: The most rows (a problem's M, the swapped kernel's N) for which a width of
+#: `rules.ODD_EIGHT_TILE_NS` is ranked: cuBLASLt takes such widths for batches of a few hundred
+#: rows (88 for 777, 104 for 300, 200 for 200; docs/kernels.md), where padding a tile's rows
+#: costs a whole row of tiles. The families give them constants interpolated between the
+#: fitted widths (`full_swizzle_constants`); they have not been timed on larger problems.
+ODD_EIGHT_MAX_ROWS = 896
+
+
+def fits_rows(config: GemmConfig, problem: GemmProblem) -> bool:
+    """Whether the ranking ranks `config` for `problem`: any config but one of a width of
+    `rules.ODD_EIGHT_TILE_NS`, which is ranked swapped, on at most `ODD_EIGHT_MAX_ROWS` rows,
+    where it is narrower than every multiple of 16 that cuts the rows into as few tiles."""
+    if config.tile_n not in ODD_EIGHT_TILE_NS:
+        return True
+    if not config.swap_ab or problem.m > ODD_EIGHT_MAX_ROWS:
+        return False
+    tiles = ceil_div(problem.m, config.tile_n)
+    return config.tile_n < ceil_div(ceil_div(problem.m, tiles), 16) * 16
 
 
 def tie_key(config: GemmConfig) -> tuple:
@@ -464,9 +485,11 @@ class RankingModel:
         data-parallel twin: where the model sees no difference between the two, timing both
         would spend two places on one guess; for the same reason a tie of epilogues or cluster
         shapes (`tie_key`, `TIE_MARGIN`) takes one place, and a thread-store config is not
-        ranked where its TMA-store twin is offered. A narrow tile's 256-byte stages take a
-        place only when predicted faster than its 128-byte ones (at the memory floor, where
-        they rank ahead of every 128-byte config), and its 128-byte stages none there. Where
+        ranked where its TMA-store twin is offered, nor one of a width of an odd number of
+        8-column blocks where it does not fit the rows (`fits_rows`). A narrow tile's 256-byte
+        stages take a place only when predicted faster than its 128-byte ones (at the memory
+        floor, where they rank ahead of every 128-byte config), and its 128-byte stages none
+        there. Where
         none of the k reads the larger operand once and a config that does is predicted
         within `ONCE_MARGIN`, the best such config comes as a (k+1)-th; where a compute-bound
         8-bit problem's k hold no ping-pong tile of `EIGHT_BIT_PINGPONG_REGISTERS`
@@ -485,6 +508,7 @@ class RankingModel:
             if c.raster is Raster.ALONG_M
             and c.swizzle == 1
             and not stores_by_threads_beside_tma(c, offered)
+            and fits_rows(c, problem)
         ]
         ranked = self.rank(problem, defaults)
         predicted = {c: t for t, c in ranked}

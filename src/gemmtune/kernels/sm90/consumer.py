@@ -114,12 +114,20 @@ def consume(
     cta_rank = cta_in_cluster[0] + cta_in_cluster[1] * gemm.cluster_shape_mn[0]
 
     sC = smem.allocate_tensor(gemm.out_dtype, epi_smem.outer, 1024, swizzle=epi_smem.inner)
+    # four 8x8 matrices cover 16 columns; a tile of an odd number of 8-column blocks
+    # (`rules.ODD_EIGHT_TILE_NS`) moves sub-tiles 8 wide, two matrices at a time
+    matrices = 4 if tile_n % 16 == 0 else 2
     stmatrix = cute.make_copy_atom(
-        warp.StMatrix8x8x16bOp(gemm.c_layout.is_m_major_c(), 4), cutlass.Float16
+        warp.StMatrix8x8x16bOp(gemm.c_layout.is_m_major_c(), matrices), cutlass.Float16
     )
+    store_r2s = sm90_utils.sm90_get_smem_store_op(gemm.c_layout, gemm.out_dtype, gemm.acc_dtype)
+    if cutlass.const_expr(gemm.out_dtype.width == 16):
+        store_r2s = cute.make_copy_atom(
+            warp.StMatrix8x8x16bOp(gemm.c_layout.is_m_major_c(), matrices), gemm.out_dtype
+        )
     epilogue = StagedEpilogue.create(
         tiled_mma,
-        sm90_utils.sm90_get_smem_store_op(gemm.c_layout, gemm.out_dtype, gemm.acc_dtype),
+        store_r2s,
         stmatrix,
         sC,
         gemm.epi_tile,
