@@ -74,7 +74,9 @@ def test_thread_stores_tile_every_sub_tile_with_warps_along_the_contiguous_mode(
     from gemmtune.kernels.sm90 import rules
     from gemmtune.kernels.sm90.epilogue import store_thread_shape
 
-    for config in rules.implemented_configs():
+    # every binary with thread stores (widths of an odd number of 8-column blocks store
+    # through TMA only)
+    for config in (c for c in rules.implemented_configs() if not c.tma_store):
         epi_m, epi_n = rules.epi_tile(config)
         threads = rules.THREADS_PER_WARPGROUP
         if config.schedule.value == "cooperative":
