@@ -56,7 +56,7 @@ sm90_256x88_c2x1_swap_coop_tma_dp   |  777x3584x3584 | e4m3 e4m3 bf16 | n | tens
 sm90_128x104_c4x1_swap_pp_tma_dp    |  300x9216x3072 | e4m3 e5m2 fp16 | n | row
 sm90_128x200_c1x1_swap_coop_tma_dp  | 200x14336x4096 | e4m3 e4m3 bf16 | n | tensor promoted
 sm90_64x168_c1x2_swap_pp_tma_sk4    |  333x4096x4096 | e4m3 e4m3 fp32 | n | tensor
-sm90_128x152_c2x1_coop_tma_streamk  | 1000x1528x2064 | e4m3 e4m3 bf16 | m | row
+sm90_128x152_c2x1_coop_tma_dp       | 1000x1528x2064 | e4m3 e4m3 bf16 | m | row
 sm90_128x88_c1x1_pp_tma_dp          |    264x392x208 | e4m3 e4m3 bf16 | n | tensor
 """
 

@@ -298,6 +298,8 @@ def test_widths_of_an_odd_number_of_8_column_blocks_serve_fp8_inputs_only():
             why = rules.signature_reason(config, other)
             assert why is not None and "fp8 inputs only" in why
         assert "TMA" in rules.implements(dataclasses.replace(config, tma_store=False))
+        streamk = dataclasses.replace(config, decomposition=Decomposition.STREAM_K)
+        assert "stream-K" in rules.implements(streamk)
     # a width of an even number of blocks keeps its 16- or 32-column sub-tiles
     assert rules.epi_tile(GemmConfig(tile_m=128, tile_n=80, schedule="pingpong")) == (64, 16)
     assert rules.epi_tile(GemmConfig(tile_m=128, tile_n=96, schedule="pingpong")) == (64, 32)

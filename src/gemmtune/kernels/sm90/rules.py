@@ -269,6 +269,9 @@ def implements(config: GemmConfig) -> str | None:
         )
     if config.tile_n in ODD_EIGHT_TILE_NS and not config.tma_store:
         return f"tiles {config.tile_n} wide store through TMA only"
+    if config.tile_n in ODD_EIGHT_TILE_NS and config.decomposition is Decomposition.STREAM_K:
+        # compiled for fp8: 192x104 spilled 4 local-memory operations, 256x200 2
+        return f"stream-K's epilogue spills with {config.tile_n}-wide tiles of 8-column sub-tiles"
     if (
         not config.tma_store
         and regs >= THREAD_STORE_SPILLING_REGISTERS
