@@ -120,8 +120,9 @@ def consume(
     stmatrix = cute.make_copy_atom(
         warp.StMatrix8x8x16bOp(gemm.c_layout.is_m_major_c(), matrices), cutlass.Float16
     )
-    store_r2s = sm90_utils.sm90_get_smem_store_op(gemm.c_layout, gemm.out_dtype, gemm.acc_dtype)
-    if cutlass.const_expr(gemm.out_dtype.width == 16):
+    if cutlass.const_expr(matrices == 4 or gemm.out_dtype.width != 16):
+        store_r2s = sm90_utils.sm90_get_smem_store_op(gemm.c_layout, gemm.out_dtype, gemm.acc_dtype)
+    else:  # the DSL's helper stores four matrices at a time
         store_r2s = cute.make_copy_atom(
             warp.StMatrix8x8x16bOp(gemm.c_layout.is_m_major_c(), matrices), gemm.out_dtype
         )
