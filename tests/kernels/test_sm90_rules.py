@@ -285,18 +285,18 @@ def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
     assert rules.serves(config, problem) is None
 
 
-def test_widths_of_an_odd_number_of_8_column_blocks_serve_fp8_inputs_only():
+def test_widths_of_an_odd_number_of_8_column_blocks_serve_all_inputs_but_int8():
     fp8 = KernelSignature("e4m3", "bf16", "k", "k", "n", False, scaling="tensor")
     int8 = KernelSignature("int8", "int32", "k", "k", "n", False)
+    fp16_mn_major_b = KernelSignature("fp16", "fp16", "k", "n", "n", False)
     for width in rules.ODD_EIGHT_TILE_NS:
         assert width % 16 == 8
         config = GemmConfig(tile_m=128, tile_n=width, schedule="pingpong", swap_ab=True)
         assert rules.implements(config) is None
         assert rules.epi_tile(config) == (64, 8)
-        assert rules.signature_reason(config, fp8) is None
-        for other in (int8, KernelSignature()):
-            why = rules.signature_reason(config, other)
-            assert why is not None and "fp8 inputs only" in why
+        for served in (fp8, KernelSignature(), fp16_mn_major_b):
+            assert rules.signature_reason(config, served) is None
+        assert "int8 WGMMAs" in rules.signature_reason(config, int8)
         assert "TMA" in rules.implements(dataclasses.replace(config, tma_store=False))
         streamk = dataclasses.replace(config, decomposition=Decomposition.STREAM_K)
         assert "stream-K" in rules.implements(streamk)

@@ -39,7 +39,7 @@ def test_calibration_ships_every_sm90_family_but_the_narrow_ones():
 
     calibration = load_calibration("sm_90")
     configs = rules.implemented_configs()
-    # widths of an odd number of 8-column blocks (fp8 only) take constants interpolated
+    # widths of an odd number of 8-column blocks take constants interpolated
     # between the fitted widths around them (`full_swizzle_constants`)
     odd = {family(c) for c in configs if c.tile_n in ODD_EIGHT_TILE_NS}
     wide = {family(c) for c in configs if c.tile_n >= rules.FITTED_MIN_TILE_N} - odd
@@ -400,7 +400,7 @@ def padded_twins_of(offered, p):
 
 
 def even_widths(space):
-    """`space` without the widths of an odd number of 8-column blocks (fp8 only)."""
+    """`space` without the widths of an odd number of 8-column blocks."""
     return [c for c in space if c.tile_n not in ODD_EIGHT_TILE_NS]
 
 

@@ -35,6 +35,15 @@ from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import consumer, mainloop, rules
 
 
+def stage_layout(staged: cute.ComposedLayout) -> cute.ComposedLayout:
+    """One stage of a swizzled (rows, columns, stages) shared-memory layout. Taken apart by
+    hand, not by `cute.slice_`: the DSL aborts slicing a 16-bit stage whose element count is
+    not a multiple of the 128-byte swizzle's 1,024 (a K-major B tile of 88 or 104 rows over
+    64 elements; an M-major output sub-tile of 64 x 8), although such a stage is a whole
+    number of the swizzle's 1,024-byte periods, which is all TMA and WGMMA need of it."""
+    return cute.make_composed_layout(staged.inner, 0, cute.select(staged.outer, mode=[0, 1]))
+
+
 class HopperGemm:
     """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`).
 
@@ -178,14 +187,14 @@ class HopperGemm:
         tma_atom_a, tma_a = cpasync.make_tiled_tma_atom(
             a_op,
             mA,
-            cute.slice_(a_smem, (None, None, 0)),
+            stage_layout(a_smem),
             (tile_m, tile_k),
             num_multicast=self.mcast_a,
         )
         tma_atom_b, tma_b = cpasync.make_tiled_tma_atom(
             b_op,
             mB,
-            cute.slice_(b_smem, (None, None, 0)),
+            stage_layout(b_smem),
             (tile_n, tile_k),
             num_multicast=self.mcast_b,
         )
@@ -198,7 +207,7 @@ class HopperGemm:
             store_atom, store_target = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(),
                 mC,
-                cute.slice_(epi_smem, (None, None, 0)),
+                stage_layout(epi_smem),
                 self.epi_tile,
             )
 
@@ -294,8 +303,8 @@ class HopperGemm:
         smem = SmemAllocator()
         sA = smem.allocate_tensor(self.a_dtype, a_smem.outer, 1024, swizzle=a_smem.inner)
         sB = smem.allocate_tensor(self.b_dtype, b_smem.outer, 1024, swizzle=b_smem.inner)
-        a_stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem, (None, None, 0)))
-        b_stage_bytes = cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem, (None, None, 0)))
+        a_stage_bytes = cute.size(stage_layout(a_smem).outer) * self.a_dtype.width // 8
+        b_stage_bytes = cute.size(stage_layout(b_smem).outer) * self.b_dtype.width // 8
         mcast_size = self.mcast_a + self.mcast_b - 1
         ab_pipeline = pipeline.PipelineTmaAsync.create(
             num_stages=self.ab_stages,

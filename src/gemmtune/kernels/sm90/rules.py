@@ -73,14 +73,12 @@ FITTED_MIN_TILE_N = 64
 # of 66 clusters, where 128x256's 1792 units need 28); 80, 112 and 176, so that a ragged side
 # of a few hundred rows splits into few tiles with little padding, one wave of tiles in all
 # (a 640 x 1800 output in 128x80 swapped tiles: 15 x 8 = 120; 333 rows in two 176-wide ones)
-#: Widths of an odd number of 8-column blocks, for fp8 inputs only: cuBLASLt fits its
-#: swapped tile's width to a batch of a few hundred rows in steps of 8 (H200, torch profiler:
-#: 777 x 3584 x 3584 in tiles 88 rows wide, nine for 777 rows and 126 tiles in one wave;
-#: 300 rows in three of 104, 200 in one of 200), where widths in steps of 16
-#: or 32 leave a wave part empty or pad the rows by 7-15 %. A 16-bit B tile of such a width
-#: does not build: its stages' stride is not a multiple of the 128-byte swizzle's period and
-#: the DSL aborts slicing the staged layout; int8 WGMMAs take N = 8, 16, 24 or 32 and then
-#: multiples of 16 only (`signature_reason`).
+#: Widths of an odd number of 8-column blocks, for fp8 and 16-bit inputs: cuBLAS and
+#: cuBLASLt fit a swapped tile's width to a batch of a few hundred rows in steps of 8 (H200,
+#: torch profiler: 777 x 3584 x 3584 in tiles 88 rows wide, nine for 777 rows and 126 tiles in
+#: one wave; 300 rows in three of 104, 200 in one of 200), where widths in steps of 16 or 32
+#: leave a wave part empty or pad the rows by 7-15 %. int8 WGMMAs take N = 8, 16, 24 or 32 and
+#: then multiples of 16 only (`signature_reason`).
 ODD_EIGHT_TILE_NS = (88, 104, 152, 168, 200)
 TILE_N_CHOICES = tuple(
     sorted((*NARROW_TILE_NS, *range(64, 257, 32), 80, 112, 144, 176, 208, *ODD_EIGHT_TILE_NS))
@@ -325,14 +323,14 @@ BATCHED_SPILLING_TILES = frozenset({(192, 144), (192, 160)})
 def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | None:
     """Why `config`'s binary for the problems of `signature` (swapped for a `swap_ab` config)
     would not build, spill or compute otherwise than it should, or None: a width of
-    `ODD_EIGHT_TILE_NS` for other inputs than fp8; promoted fp8 accumulation with
+    `ODD_EIGHT_TILE_NS` for int8 inputs; promoted fp8 accumulation with
     two register tiles beyond what a consumer holds; more than 192 accumulator registers with a
     batch index to carry, `BATCHED_SPILLING_TILES`, and thread stores (no TMA) from
     `thread_store_register_limit` registers or more. The compile test of every signature
     checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
-    if config.tile_n in ODD_EIGHT_TILE_NS and not built_for.fp8:
-        return f"a {config.tile_n}-wide tile builds for fp8 inputs only (ODD_EIGHT_TILE_NS)"
+    if config.tile_n in ODD_EIGHT_TILE_NS and built_for.ab_dtype == "int8":
+        return f"int8 WGMMAs have no N of {config.tile_n} (ODD_EIGHT_TILE_NS)"
     regs = accumulator_registers(config)
     if built_for.promoted and 2 * regs > max_accumulator_registers(config, 2):
         return (
