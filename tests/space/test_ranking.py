@@ -3,18 +3,20 @@ import dataclasses
 import pytest
 import torch
 
-from gemmtune.core.config import Decomposition, GemmConfig, Schedule
+from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.sm90.rules import ODD_EIGHT_TILE_NS
 from gemmtune.space import candidates, ranking
 from gemmtune.space.ranking import (
     CLASS_MARGIN,
+    FIRST_RASTER,
     TIE_MARGIN,
     DeviceModel,
     RankingModel,
     family,
     full_swizzle_constants,
+    in_first_order,
     load_calibration,
     reads_larger_once,
     tie_key,
@@ -602,3 +604,31 @@ def test_odd_eight_widths_are_ranked_swapped_where_they_fit_a_few_hundred_rows()
     p = fp8_linear(2048, 2048, 2048)
     top = model.top_k(p, candidates(p, orders=False), 8)
     assert not any(c.tile_n in ODD_EIGHT_TILE_NS for c in top)
+
+
+def test_one_wave_data_parallel_configs_of_compute_bound_problems_start_in_plain_order():
+    model = RankingModel()
+    ragged = problem(777, 3584, 3584, linear=True)
+    one_wave = GemmConfig(
+        tile_m=256, tile_n=88, cluster_m=2, schedule="cooperative", swap_ab=True
+    )  # 14 x 9 tiles in 63 clusters of two
+    assert not model.memory_bound(ragged) and model.one_wave(ragged, one_wave)
+    first = model.first_order(ragged, one_wave)
+    assert (first.raster, first.swizzle) == (Raster.ALONG_M, 1)
+    assert first.compile_key == one_wave.compile_key
+    # many waves of tiles, a split-K unit's splits, a memory-bound problem: bands of 8
+    large = problem(8192, 8192, 8192)
+    many = GemmConfig(tile_m=128, tile_n=256, cluster_m=2, schedule="cooperative")
+    split = dataclasses.replace(
+        GemmConfig(tile_m=128, tile_n=128, cluster_m=2, schedule="cooperative"),
+        decomposition=Decomposition.SPLIT_K,
+        splits=8,
+    )
+    small_mn = problem(512, 512, 32768)
+    decode = problem(16, 8192, 8192, linear=True)
+    narrow = GemmConfig(tile_m=128, tile_n=16, schedule="pingpong", swap_ab=True)
+    assert model.one_wave(small_mn, split) and model.one_wave(decode, narrow)
+    assert model.memory_bound(decode)
+    for p, c in ((large, many), (small_mn, split), (decode, narrow)):
+        assert model.first_order(p, c) == in_first_order(c)
+    assert (in_first_order(many).raster, in_first_order(many).swizzle) == (FIRST_RASTER, 8)

@@ -239,13 +239,15 @@ class ConfigChooser:
 
     @staticmethod
     def first_choice(problem: GemmProblem) -> GemmConfig:
-        """The ranking model's fastest config, run in bands."""
+        """The ranking model's fastest config, in the order the tuner would first time it."""
         from gemmtune.space import candidates
-        from gemmtune.space.ranking import RankingModel, in_first_order
+        from gemmtune.space.ranking import RankingModel
         from gemmtune.tuning.tuner import device_model_for
 
         model = RankingModel(device_model_for(problem))
-        return in_first_order(model.top_k(problem, candidates(problem, orders=False), 1)[0])
+        return model.first_order(
+            problem, model.top_k(problem, candidates(problem, orders=False), 1)[0]
+        )
 
 
 def needs_rechoice(record: TunedRecord, problem: GemmProblem) -> bool:

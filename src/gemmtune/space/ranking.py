@@ -95,6 +95,8 @@ def narrow_swizzles(
 #: bands 8 clusters across, so that the tiles in flight share few rows of A and columns of B.
 #: Plain column order (along M, swizzle 1) walks the whole resident grid down M where M is
 #: long, and a tile that is fast in bands can time slow there and miss the tuner's final.
+#: A compute-bound config whose work is one wave starts in plain column order instead
+#: (`RankingModel.first_order`).
 FIRST_RASTER, FIRST_SWIZZLE = Raster.ALONG_M, 8
 #: The model's errors are largest between classes of kernels (ping-pong against cooperative
 #: warpgroups, swapped operands or not): a class whose best is predicted within this much of
@@ -657,6 +659,26 @@ class RankingModel:
         grid = TileGrid.of(config, problem.m, problem.n, problem.l)
         ctas = config.cluster_m * config.cluster_n
         return grid.work_units * ctas / self.device.sm_count
+
+    def first_order(self, problem: GemmProblem, config: GemmConfig) -> GemmConfig:
+        """`config` at the order the tuner first times it in: `in_first_order`, but for a
+        compute-bound problem's data-parallel config whose work is one wave, plain column
+        order. Every tile then runs at once and bands keep nothing in L2 that plain order would
+        not; the order only decides which clusters run side by side, and clusters that walk
+        down M beside each other (each on its own rows of A) ran faster than clusters in bands
+        of 8 along M (each band's clusters on one row of A): on an H200, bf16 777 x 3584 x 3584
+        in swapped 256x88 tiles 31.2 against 37.9 µs (the first pass then left the binary out
+        of the final for a 64x200 one at 33.5), 2048 x 1024 x 8192 in 128x128 tiles in
+        clusters of 2x1 47.0 against 52.7 (`docs/tuning.md`). Split-K keeps bands: a unit's
+        splits run on neighbouring clusters either way, and its small problems' picks timed
+        1-3 % apart between orders, no faster in plain order."""
+        if (
+            config.decomposition is Decomposition.DATA_PARALLEL
+            and not self.memory_bound(problem)
+            and self.one_wave(problem, config)
+        ):
+            return config.with_runtime(raster=Raster.ALONG_M, swizzle=1)
+        return in_first_order(config)
 
     def one_wave(self, problem: GemmProblem, config: GemmConfig) -> bool:
         """Whether the config's work (its units, times its splits) fits in one wave of the

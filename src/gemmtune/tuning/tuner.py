@@ -338,7 +338,7 @@ class _Tuning:
                     self.results.append(CandidateResult(config, None, None, error=error))
         else:
             picked = space if exhaustive else self.model.top_k(self.problem, space, top_k)
-            chosen = [in_first_order(c) for c in picked]
+            chosen = [self.model.first_order(self.problem, c) for c in picked]
             # what `top_k` adds after its k are configs the model is known to misjudge
             self.doubted = {c.compile_key for c in picked[top_k:]} if not exhaustive else set()
         self.space = space
@@ -393,7 +393,7 @@ class _Tuning:
             for config in self.space:
                 if _all_but_cluster_and_order(config) != tile:
                     continue
-                variant = in_first_order(config)
+                variant = self.model.first_order(self.problem, config)
                 if variant.compile_key in self.groups:
                     continue
                 predicted = self.model.predict_us(self.problem, variant)
