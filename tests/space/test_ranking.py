@@ -7,20 +7,17 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.device import Arch
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.sm90.rules import ODD_EIGHT_TILE_NS
-from gemmtune.space import candidates, ranking
+from gemmtune.space import candidates, shortlist
 from gemmtune.space.ranking import (
-    CLASS_MARGIN,
     FIRST_RASTER,
-    TIE_MARGIN,
     DeviceModel,
     RankingModel,
     family,
     full_swizzle_constants,
     in_first_order,
     load_calibration,
-    reads_larger_once,
-    tie_key,
 )
+from gemmtune.space.shortlist import CLASS_MARGIN, TIE_MARGIN, reads_larger_once, tie_key
 
 
 def problem(m, n, k, linear=False):
@@ -322,7 +319,7 @@ def test_top_k_adds_a_pingpong_tile_of_128_accumulators_to_compute_bound_8_bit_p
         return (
             c.schedule is Schedule.PINGPONG
             and c.decomposition is Decomposition.DATA_PARALLEL
-            and accumulator_registers(c) == ranking.EIGHT_BIT_PINGPONG_REGISTERS
+            and accumulator_registers(c) == shortlist.EIGHT_BIT_PINGPONG_REGISTERS
         )
 
     model = RankingModel()
@@ -346,14 +343,14 @@ def test_top_k_adds_a_pingpong_tile_of_128_accumulators_to_compute_bound_8_bit_p
 def test_pads_cluster_counts_the_tiles_along_each_side_of_the_cluster():
     p = fp8_linear(1024, 4352, 4096)  # 8 tiles of 128 rows, 31 of 144 columns
     tile = GemmConfig(arch="sm_90", tile_m=128, tile_n=144, schedule=Schedule.PINGPONG)
-    assert ranking.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=2), p)
-    assert not ranking.pads_cluster(dataclasses.replace(tile, cluster_m=2, cluster_n=1), p)
-    assert ranking.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=4), p)
-    assert not ranking.pads_cluster(tile, p)
+    assert shortlist.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=2), p)
+    assert not shortlist.pads_cluster(dataclasses.replace(tile, cluster_m=2, cluster_n=1), p)
+    assert shortlist.pads_cluster(dataclasses.replace(tile, cluster_m=1, cluster_n=4), p)
+    assert not shortlist.pads_cluster(tile, p)
     # a swapped config's kernel cuts the transposed output: 34 tiles of 128 weight rows
     swapped = dataclasses.replace(tile, swap_ab=True, cluster_m=2, cluster_n=1)
-    assert not ranking.pads_cluster(swapped, p)
-    assert not ranking.pads_cluster(dataclasses.replace(swapped, cluster_m=1, cluster_n=2), p)
+    assert not shortlist.pads_cluster(swapped, p)
+    assert not shortlist.pads_cluster(dataclasses.replace(swapped, cluster_m=1, cluster_n=2), p)
 
 
 def test_top_k_adds_the_unpadded_twin_of_a_padded_cluster_of_two():
@@ -368,13 +365,13 @@ def test_top_k_adds_the_unpadded_twin_of_a_padded_cluster_of_two():
         for c in top[:8]
         if c.cluster_m * c.cluster_n == 2
         and c.decomposition is Decomposition.DATA_PARALLEL
-        and ranking.pads_cluster(c, p)
+        and shortlist.pads_cluster(c, p)
     ]
     assert padded
     for config in padded:
         twin = dataclasses.replace(config, cluster_m=config.cluster_n, cluster_n=config.cluster_m)
         assert twin in top[8:]
-        assert not ranking.pads_cluster(twin, p)
+        assert not shortlist.pads_cluster(twin, p)
     assert len(top) == len(set(top))
     # a decode batch streams the weight: no twin, however padded its clusters
     p = fp8_linear(16, 4352, 4096)
@@ -382,7 +379,7 @@ def test_top_k_adds_the_unpadded_twin_of_a_padded_cluster_of_two():
     offered = set(candidates(p, orders=False))
     padded = list(padded_twins_of(offered, p))
     assert padded
-    assert model._unpadded_twins(p, padded, offered) == []
+    assert shortlist._unpadded_twins(model, p, padded, offered) == []
 
 
 def padded_twins_of(offered, p):
@@ -393,9 +390,9 @@ def padded_twins_of(offered, p):
         if (
             c.cluster_m * c.cluster_n == 2
             and c.decomposition is Decomposition.DATA_PARALLEL
-            and ranking.pads_cluster(c, p)
+            and shortlist.pads_cluster(c, p)
             and twin in offered
-            and not ranking.pads_cluster(twin, p)
+            and not shortlist.pads_cluster(twin, p)
         ):
             found.add(c)
     return found
@@ -412,7 +409,7 @@ def test_top_k_adds_a_config_that_reads_the_weight_once_where_none_does(monkeypa
     # 128x112 15.2-15.6; the model's favourite fetches the weight in three clusters, and so
     # does every config of its top 8 but for the twins that take places in it: without them,
     # the best that fetches it once is timed as a ninth
-    monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
+    monkeypatch.setattr(shortlist, "ONCE_TWIN_SHAPES", ())
     p = fp8_linear(333, 4096, 4096)
     model = RankingModel()
     space = even_widths(candidates(p, orders=False))
@@ -462,7 +459,7 @@ def test_a_one_wave_config_that_reads_the_weight_twice_gives_its_place_to_its_tw
     for other in (problem(4096, 4096, 4096), problem(16, 28672, 4096, linear=True)):
         space = candidates(other, orders=False)
         with_twins = model.top_k(other, space, 8)
-        monkeypatch.setattr(ranking, "ONCE_TWIN_SHAPES", ())
+        monkeypatch.setattr(shortlist, "ONCE_TWIN_SHAPES", ())
         assert model.top_k(other, space, 8) == with_twins
         monkeypatch.undo()
 
@@ -551,14 +548,14 @@ def test_thread_stores_are_ranked_only_where_tma_cannot_store_the_output():
 def test_short_store_rows_follow_the_sub_tile_and_the_output_major():
     linear = problem(2050, 2112, 2000, linear=True)  # bf16, row-major output
     wide = GemmConfig(tile_m=192, tile_n=176)  # 16-column sub-tiles: rows of 32 bytes
-    assert ranking.short_store_rows(wide, linear)
-    assert not ranking.short_store_rows(dataclasses.replace(wide, swap_ab=True), linear)
-    assert not ranking.short_store_rows(GemmConfig(tile_m=192, tile_n=192), linear)
+    assert shortlist.short_store_rows(wide, linear)
+    assert not shortlist.short_store_rows(dataclasses.replace(wide, swap_ab=True), linear)
+    assert not shortlist.short_store_rows(GemmConfig(tile_m=192, tile_n=192), linear)
     m_major = dataclasses.replace(linear, out_major="m")
-    assert not ranking.short_store_rows(wide, m_major)
-    assert ranking.short_store_rows(dataclasses.replace(wide, swap_ab=True), m_major)
+    assert not shortlist.short_store_rows(wide, m_major)
+    assert shortlist.short_store_rows(dataclasses.replace(wide, swap_ab=True), m_major)
     fp32_out = dataclasses.replace(linear, out_dtype=torch.float32)  # rows of 64 bytes
-    assert not ranking.short_store_rows(wide, fp32_out)
+    assert not shortlist.short_store_rows(wide, fp32_out)
 
 
 def test_of_twins_predicted_alike_the_one_that_stores_long_rows_takes_the_place():
@@ -574,27 +571,31 @@ def test_of_twins_predicted_alike_the_one_that_stores_long_rows_takes_the_place(
     # where the output is M-major the unswapped binary stores the long rows and keeps its place
     m_major = dataclasses.replace(p, out_major="m")
     top = model.top_k(m_major, candidates(m_major, orders=False), 8)
-    assert not any(ranking.short_store_rows(c, m_major) and c.tile_n == 176 for c in top)
+    assert not any(shortlist.short_store_rows(c, m_major) and c.tile_n == 176 for c in top)
 
 
 def test_odd_eight_widths_are_ranked_swapped_where_they_fit_a_few_hundred_rows():
     """cuBLASLt's tiles on an H200: 777 rows as nine of 88, 300 as three of 104, 200 as one
     of 200; a width of 16 more would make as many tiles with more padding."""
     wide = GemmConfig(tile_m=256, tile_n=88, swap_ab=True)
-    assert ranking.fits_rows(wide, fp8_linear(777, 3584, 3584))
-    assert ranking.fits_rows(dataclasses.replace(wide, tile_n=104), fp8_linear(300, 9216, 3072))
-    assert ranking.fits_rows(dataclasses.replace(wide, tile_n=200), fp8_linear(200, 14336, 4096))
+    assert shortlist.fits_rows(wide, fp8_linear(777, 3584, 3584))
+    assert shortlist.fits_rows(dataclasses.replace(wide, tile_n=104), fp8_linear(300, 9216, 3072))
+    assert shortlist.fits_rows(dataclasses.replace(wide, tile_n=200), fp8_linear(200, 14336, 4096))
     # 208 rows: one tile of 208 fits them, a tile of 200 needs two
-    assert not ranking.fits_rows(dataclasses.replace(wide, tile_n=200), fp8_linear(208, 4096, 4096))
+    assert not shortlist.fits_rows(
+        dataclasses.replace(wide, tile_n=200), fp8_linear(208, 4096, 4096)
+    )
     # 96 rows fit one tile of 96: 104 is no narrower for as many tiles
-    assert not ranking.fits_rows(dataclasses.replace(wide, tile_n=104), fp8_linear(96, 4096, 4096))
+    assert not shortlist.fits_rows(
+        dataclasses.replace(wide, tile_n=104), fp8_linear(96, 4096, 4096)
+    )
     # unswapped, or on more rows than `ODD_EIGHT_MAX_ROWS`: not ranked
-    assert not ranking.fits_rows(
+    assert not shortlist.fits_rows(
         dataclasses.replace(wide, swap_ab=False), fp8_linear(777, 3584, 3584)
     )
-    assert not ranking.fits_rows(wide, fp8_linear(4096, 3584, 3584))
+    assert not shortlist.fits_rows(wide, fp8_linear(4096, 3584, 3584))
     # widths of an even number of blocks are ranked everywhere
-    assert ranking.fits_rows(
+    assert shortlist.fits_rows(
         dataclasses.replace(wide, tile_n=96, swap_ab=False), fp8_linear(4096, 4096, 4096)
     )
     model = RankingModel()

@@ -376,7 +376,7 @@ class _Tuning:
         measured on such problems, order the cluster shapes, and the round of compiles
         (2.3-3 s a tune on 4096^2 outputs, H200) found nothing.
         The model sees little between a tile's cluster shapes and gives them one place in the
-        top k (`ranking.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
+        top k (`shortlist.tie_key`), yet timed they differ by 5-10 % on decode batches (clusters
         of four along a weight's rows lead some, unclustered tiles others)."""
         ok = sorted((r for r in self.results if r.ok), key=lambda r: r.ms)
         leaders: dict[str, GemmConfig] = {}
