@@ -58,6 +58,8 @@ sm90_128x200_c1x1_swap_coop_tma_dp  | 200x14336x4096 | e4m3 e4m3 bf16 | n | tens
 sm90_64x168_c1x2_swap_pp_tma_sk4    |  333x4096x4096 | e4m3 e4m3 fp32 | n | tensor
 sm90_128x152_c2x1_coop_tma_dp       | 1000x1528x2064 | e4m3 e4m3 bf16 | m | row
 sm90_128x88_c1x1_pp_tma_dp          |    264x392x208 | e4m3 e4m3 bf16 | n | tensor
+sm90_64x56_c1x2_swap_pp_tma_dp      | 100x3584x18944 | e4m3 e4m3 bf16 | n | tensor
+sm90_128x56_c2x1_swap_pp_tma_sk2    |   97x4096x4096 | e4m3 e5m2 fp32 | n | row promoted
 """
 
 

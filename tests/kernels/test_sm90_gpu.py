@@ -144,6 +144,9 @@ sm90_128x88_c1x1_coop_tma_dp         |  1000x1528x2056x1 | tn | bf16 bf16 | n
 sm90_192x152_c1x2_coop_tma_dp        |    264x392x208x2 | nt | fp16 fp16 | m
 sm90_64x200_c2x2_pp_tma_dp           |  1000x1528x2056x1 | nn | bf16 fp32 | m
 sm90_128x104_c1x1_swap_coop_tma_sk3  |   100x3584x18944x1 | tt | bf16 bf16 | n
+sm90_64x56_c2x2_swap_pp_tma_dp       |  100x3584x18944x1 | tn | bf16 bf16 | n
+sm90_128x56_c1x2_swap_coop_tma_sk2   |    50x4096x4104x1 | tt | fp16 fp32 | n
+sm90_256x56_c1x1_coop_tma_dp         |    264x392x208x2 | nt | fp16 fp16 | m
 sm90_128x176_c1x2_coop_st_dp         | 2050x2100x2000x1 | tt | bf16 bf16 | n
 sm90_64x48_c1x1_pp_st_dp             |    7x2101x512x1 | tt | fp16 fp16 | n
 sm90_64x32_c1x1_swap_pp_st_k256_sk2  |  16x50257x1024x1 | tt | bf16 bf16 | n

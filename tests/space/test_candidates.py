@@ -20,13 +20,13 @@ def problem(m, n, k, dtype=torch.bfloat16, arch=Arch.SM90, b_cols_major=False):
 def test_sm90_space_counts_and_validity():
     p = problem(4096, 4096, 4096)
     configs = candidates(p)
-    # 2922 binaries: 1056 data-parallel, 888 stream-K, 978 split-K (7 split counts; not the
+    # 2982 binaries: 1086 data-parallel, 888 stream-K, 1008 split-K (7 split counts; not the
     # 72 whose reduction spills, nor the thread-store tiles that spill), 108 of each the narrow
     # tiles with 256-byte stages, each also swapped but for the 12 cooperative data-parallel
     # ones with 192+ accumulators and thread stores (spill on the swapped, M-major output),
     # x 8 runtime
-    assert len(binaries(p)) == 2922 * 2 - 12
-    assert len(configs) == ((1056 + 888 + 978 * 7) * 2 - 12) * 8
+    assert len(binaries(p)) == 2982 * 2 - 12
+    assert len(configs) == ((1086 + 888 + 1008 * 7) * 2 - 12) * 8
     assert len({c.key for c in configs}) == len(configs)
     assert all(sm90.serves(c, p) is None for c in configs)
     assert {c.decomposition for c in configs} == set(Decomposition)

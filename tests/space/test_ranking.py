@@ -91,6 +91,20 @@ def test_a_narrow_swizzle_width_is_predicted_at_its_width_where_b_gets_the_full_
     assert model.predict_us(linear, config) < 0.7 * model.predict_us(row_major, config)
 
 
+def test_an_odd_width_under_64_takes_the_64_wide_family_scaled_to_its_width():
+    config = GemmConfig(tile_m=64, tile_n=56, schedule="pingpong", swap_ab=True)
+    families = {family(GemmConfig(tile_m=64, tile_n=64, schedule="pingpong")): [0.4, 8.0]}
+    assert full_swizzle_constants(families, config) == pytest.approx((0.35, 7.0))
+    # the narrow decode tiles keep their analytic constants
+    assert full_swizzle_constants(families, dataclasses.replace(config, tile_n=48)) is None
+    # 100 rows in two tiles of 56 do 12 % less MMA work than in two of 64, in as many CTAs
+    # (cuBLASLt's tiling of Qwen2.5-7B's down projection at 100 rows, fp8)
+    model = RankingModel()
+    p = fp8_linear(100, 3584, 18944)
+    top = model.top_k(p, candidates(p, orders=False), 8)
+    assert any(c.tile_n == 56 and c.swap_ab for c in top)
+
+
 @pytest.mark.parametrize("linear", [False, True])
 def test_ragged_problems_rank_their_measured_leaders(linear):
     # measured on an H200 (kernels alone): 333 x 4096 x 4096 in swapped 64x176 c1x2 tiles (333
@@ -589,6 +603,9 @@ def test_odd_eight_widths_are_ranked_swapped_where_they_fit_a_few_hundred_rows()
     assert not shortlist.fits_rows(
         dataclasses.replace(wide, tile_n=104), fp8_linear(96, 4096, 4096)
     )
+    # 512 rows: ten tiles of 56 hold more than eight of 64
+    assert shortlist.fits_rows(dataclasses.replace(wide, tile_n=56), fp8_linear(100, 3584, 18944))
+    assert not shortlist.fits_rows(dataclasses.replace(wide, tile_n=56), fp8_linear(512, 512, 512))
     # unswapped, or on more rows than `ODD_EIGHT_MAX_ROWS`: not ranked
     assert not shortlist.fits_rows(
         dataclasses.replace(wide, swap_ab=False), fp8_linear(777, 3584, 3584)

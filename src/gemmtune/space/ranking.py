@@ -53,7 +53,7 @@ from gemmtune.core.config import Decomposition, GemmConfig, Raster, Schedule
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels import tile_k
 from gemmtune.kernels.schedule_model import TileGrid, ceil_div, make_schedule
-from gemmtune.kernels.sm90.rules import TILE_K_BYTES
+from gemmtune.kernels.sm90.rules import ODD_EIGHT_TILE_NS, TILE_K_BYTES
 from gemmtune.space import shortlist
 
 #: `cutlass.utils.hopper_helpers.get_smem_layout_atom` gives an M- or N-major 16-bit operand a
@@ -163,10 +163,14 @@ def full_swizzle_constants(families: dict, config: GemmConfig) -> tuple[float, f
     k-tile takes ~1.3x and ~2x what the widths that are multiples of 64 around it take, and
     the fit of such a family splits its time between `a` and `c` unreliably. With the full
     swizzle both are taken linear in `tile_n` between those two widths of the same height,
-    cluster, schedule and epilogue."""
+    cluster, schedule and epilogue. A width of `rules.ODD_EIGHT_TILE_NS` under 64 takes the
+    64-wide family's scaled to its width (its MMAs' work, and its epilogue's, are in
+    proportion), as if a zero-wide family cost nothing: the analytic fallback, made for the
+    narrow decode tiles, priced 64x56 above 64x64."""
     below = config.tile_n // SWIZZLE_ELEMENTS * SWIZZLE_ELEMENTS
     above = below + SWIZZLE_ELEMENTS
-    low = families.get(_family_key(config, below))
+    scaled_down = below == 0 and config.tile_n in ODD_EIGHT_TILE_NS
+    low = (0.0, 0.0) if scaled_down else families.get(_family_key(config, below))
     high = families.get(_family_key(config, above))
     if below == config.tile_n or low is None or high is None:
         return None

@@ -140,13 +140,16 @@ ODD_EIGHT_MAX_ROWS = 896
 def fits_rows(config: GemmConfig, problem: GemmProblem) -> bool:
     """Whether the ranking ranks `config` for `problem`: any config but one of a width of
     `rules.ODD_EIGHT_TILE_NS`, which is ranked swapped, on at most `ODD_EIGHT_MAX_ROWS` rows,
-    where it is narrower than every multiple of 16 that cuts the rows into as few tiles."""
+    where its tiles hold fewer rows than those of the narrowest multiple of 16 that cuts the
+    rows into as few tiles or fewer (777 rows: nine of 88 hold 792, nine of 96 864; 512 rows:
+    ten of 56 hold 560, eight of 64 512)."""
     if config.tile_n not in ODD_EIGHT_TILE_NS:
         return True
     if not config.swap_ab or problem.m > ODD_EIGHT_MAX_ROWS:
         return False
     tiles = ceil_div(problem.m, config.tile_n)
-    return config.tile_n < ceil_div(ceil_div(problem.m, tiles), 16) * 16
+    even = ceil_div(ceil_div(problem.m, tiles), 16) * 16
+    return tiles * config.tile_n < ceil_div(problem.m, even) * even
 
 
 def tie_key(config: GemmConfig) -> tuple:

@@ -79,7 +79,7 @@ FITTED_MIN_TILE_N = 64
 #: one wave; 300 rows in three of 104, 200 in one of 200), where widths in steps of 16 or 32
 #: leave a wave part empty or pad the rows by 7-15 %. int8 WGMMAs take N = 8, 16, 24 or 32 and
 #: then multiples of 16 only (`signature_reason`).
-ODD_EIGHT_TILE_NS = (88, 104, 152, 168, 200)
+ODD_EIGHT_TILE_NS = (56, 88, 104, 152, 168, 200)
 TILE_N_CHOICES = tuple(
     sorted((*NARROW_TILE_NS, *range(64, 257, 32), 80, 112, 144, 176, 208, *ODD_EIGHT_TILE_NS))
 )
