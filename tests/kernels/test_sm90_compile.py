@@ -216,6 +216,7 @@ def test_eight_bit_compiles_in_every_decomposition(pool):
         # widths of an odd number of 8-column blocks: sub-tiles 8 wide, two stmatrix matrices
         GemmConfig(tile_m=256, tile_n=88, cluster_m=2, swap_ab=True),
         GemmConfig(tile_m=64, tile_n=168, schedule="pingpong", decomposition="split_k", splits=4),
+        GemmConfig(tile_m=64, tile_n=56, schedule="pingpong", cluster_n=2, swap_ab=True),
     ]
     jobs = [CompileJob(c, sig) for c in configs for sig in EIGHT_BIT_SIGNATURES]
     refused = [j for j in jobs if rules.signature_reason(j.config, j.signature)]
@@ -223,7 +224,7 @@ def test_eight_bit_compiles_in_every_decomposition(pool):
     # int8 WGMMAs take no N of an odd number of 8-column blocks beyond 24
     assert {(j.config.tile_n, j.signature.promoted, j.signature.fp8) for j in refused} == {
         (256, True, True),
-        *((n, False, False) for n in (88, 168)),
+        *((n, False, False) for n in (56, 88, 168)),
     }
     jobs = [j for j in jobs if j not in refused]
     reports = _check(pool, jobs)
