@@ -15,7 +15,7 @@ from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
 from gemmtune.workers.compiler import CompileJob, CompilePool, inspect_all
 
-pytestmark = [pytest.mark.compile, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.compile, pytest.mark.timeout(1800)]
 
 
 def _has_nvdisasm() -> bool:
