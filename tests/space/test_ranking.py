@@ -603,7 +603,8 @@ def test_odd_eight_widths_are_ranked_swapped_where_they_fit_a_few_hundred_rows()
     assert not shortlist.fits_rows(
         dataclasses.replace(wide, tile_n=104), fp8_linear(96, 4096, 4096)
     )
-    # 512 rows: ten tiles of 56 hold more than eight of 64
+    # 100 rows: two tiles of 56 hold fewer than two of 64; 512 rows: ten of 56 hold more than
+    # eight of 64
     assert shortlist.fits_rows(dataclasses.replace(wide, tile_n=56), fp8_linear(100, 3584, 18944))
     assert not shortlist.fits_rows(dataclasses.replace(wide, tile_n=56), fp8_linear(512, 512, 512))
     # unswapped, or on more rows than `ODD_EIGHT_MAX_ROWS`: not ranked
