@@ -58,3 +58,23 @@ def test_eight_bit_inputs_count_k_tiles_of_128_bytes_on_hopper():
     assert workspace_need(split, 512, 512, 1024, 1, 132, ab_bytes=2).partials == (
         16 * 16 * 128 * 128
     )
+
+
+def test_the_workspace_grows_to_the_larger_of_each_need_and_then_is_reused(monkeypatch):
+    import types
+
+    import torch
+
+    from gemmtune.kernels.launch import WorkspacePool
+
+    stream = types.SimpleNamespace(stream_id=7)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    pool, cpu = WorkspacePool(), torch.device("cpu")
+    more_partials, more_counters = WorkspaceNeed(1000, 8), WorkspaceNeed(100, 64)
+    pool.get(cpu, more_partials)
+    partials, counters = pool.get(cpu, more_counters)
+    assert partials.numel() >= 1000 and counters.numel() >= 64
+    assert not counters.any()
+    # alternating between the two needs no longer allocates
+    assert pool.get(cpu, more_partials)[0] is partials
+    assert pool.get(cpu, more_counters)[1] is counters

@@ -66,8 +66,16 @@ class WorkspacePool:
         key = (device, torch.cuda.current_stream(device).stream_id)
         partials, counters = self.buffers.get(key, (None, None))
         if partials is None or partials.numel() < need.partials or counters.numel() < need.counters:
-            partials = torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
-            counters = torch.zeros(max(need.counters, 4), dtype=torch.int32, device=device)
+            # Grown to the larger of each need, so that launches alternating between a config
+            # with more partials and one with more counters do not reallocate every time.
+            held_partials = 0 if partials is None else partials.numel()
+            held_counters = 0 if counters is None else counters.numel()
+            partials = torch.empty(
+                max(need.partials, held_partials, 4), dtype=torch.float32, device=device
+            )
+            counters = torch.zeros(
+                max(need.counters, held_counters, 4), dtype=torch.int32, device=device
+            )
             self.buffers[key] = (partials, counters)
         return partials, counters
 
