@@ -10,6 +10,12 @@ the checks and the compilation out. A GPU tool, not a suite (it writes no result
         --section SpeedOfLight \\
         --metrics dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum \\
         python -m benchmarks.profile_launches 512x512x32768 sm90_128x64_c1x2_coop_tma_sk4_rm_s1
+
+The L2 request coalescer's counters
+(`lrc__request_sectors_op_read_coalescing_achieved_type_hardware.sum`,
+`lrc__lrc2xbar_sectors_op_read.sum`: identical reads merged in flight, and the sectors read
+from L2 after merging) and `sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active`
+are the ones `docs/kernels.md` compares on the small-MN split-K problems.
 """
 
 from __future__ import annotations
