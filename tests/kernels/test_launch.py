@@ -1,5 +1,9 @@
+import types
+
+import torch
+
 from gemmtune.core.config import GemmConfig
-from gemmtune.kernels.launch import WorkspaceNeed, workspace_need
+from gemmtune.kernels.launch import WorkspaceNeed, WorkspacePool, workspace_need
 
 
 def test_data_parallel_needs_no_workspace():
@@ -61,12 +65,6 @@ def test_eight_bit_inputs_count_k_tiles_of_128_bytes_on_hopper():
 
 
 def test_the_workspace_grows_to_the_larger_of_each_need_and_then_is_reused(monkeypatch):
-    import types
-
-    import torch
-
-    from gemmtune.kernels.launch import WorkspacePool
-
     stream = types.SimpleNamespace(stream_id=7)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     pool, cpu = WorkspacePool(), torch.device("cpu")

@@ -65,18 +65,13 @@ class WorkspacePool:
         """(partials, counters) of at least the sizes `need` asks for; counters are all zero."""
         key = (device, torch.cuda.current_stream(device).stream_id)
         partials, counters = self.buffers.get(key, (None, None))
-        if partials is None or partials.numel() < need.partials or counters.numel() < need.counters:
-            # Grown to the larger of each need, so that launches alternating between a config
-            # with more partials and one with more counters do not reallocate every time.
-            held_partials = 0 if partials is None else partials.numel()
-            held_counters = 0 if counters is None else counters.numel()
-            partials = torch.empty(
-                max(need.partials, held_partials, 4), dtype=torch.float32, device=device
-            )
-            counters = torch.zeros(
-                max(need.counters, held_counters, 4), dtype=torch.int32, device=device
-            )
-            self.buffers[key] = (partials, counters)
+        # each grows on its own, so configs that need more of one and less of the other can
+        # alternate without reallocating
+        if partials is None or partials.numel() < need.partials:
+            partials = torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
+        if counters is None or counters.numel() < need.counters:
+            counters = torch.zeros(max(need.counters, 4), dtype=torch.int32, device=device)
+        self.buffers[key] = (partials, counters)
         return partials, counters
 
 
