@@ -31,6 +31,7 @@ SUITES = {
     "timings": "benchmarks.timings",
     "first-pass": "benchmarks.first_pass",
     "read-ceiling": "benchmarks.read_ceiling",
+    "decode-chain": "benchmarks.decode_chain",
     "int8-layouts": "benchmarks.int8_layouts",
 }
 PLOT_HELP = "draw an existing results file as a PNG: plot FILE.json [--out PNG]"

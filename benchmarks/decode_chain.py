@@ -1,0 +1,255 @@
+"""Decode through a stack of layers: the decode rows of a serving results file, each run the way a
+model runs it, the same projection of several layers one after another in one CUDA graph.
+
+The serving suite times a decode GEMM alone: the L2 emptied, a launch hold, then the kernel
+between two events. That times what a kernel costs on its own, the first event to the first
+bytes, the pipeline's fill and the last wave's drain included (`python -m benchmarks
+read-ceiling`: a one-element kernel takes 4.3 µs so timed on an H100). A model's decode step
+runs its layers back to back, captured in a CUDA graph, and each layer's weight is cold in L2
+because the layers after it evicted it. Here every decode row (m <= `--max-m`) of the file runs
+`layers` copies of its weight, as many as fill four L2s (at least two), one GEMM per copy, in a
+graph replayed in windows taken in turn (`time_in_windows`, no flush: no copy is in L2 when its
+turn comes); per GEMM, the replay's time over the copies. Three contenders over the same
+tensors: the row's config (what the tuner picked for it, our kernels alone), `torch.mm`, and a
+read of each copy (a Triton kernel that only reads, else `torch.sum`): what reading the weights
+costs in the same stack. `bw_fraction` is of the 2 GiB read or copy rate of the same run
+(`gemmtune.measure.bandwidth`), as in the serving suite.
+
+    python -m benchmarks decode-chain --results FILE.json[.gz] [--out-dir DIR] [--max-m 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import RESULTS, write_results
+from benchmarks.read_ceiling import STREAM_BLOCK, stream_reader
+
+SUITE_HELP = "decode rows of a serving results file, each run over a stack of layers in a graph"
+
+#: the weights of a row's stack fill this many L2s, so that none is in L2 when its turn comes
+L2_FILLS = 4
+#: the fewest layers of a stack
+MIN_LAYERS = 2
+
+
+def decode_rows(results: Path, max_m: int) -> list[dict]:
+    """The kernel rows of a serving results file with at most `max_m` rows of 16-bit inputs,
+    our kernels alone (contender "kernels")."""
+    opener = gzip.open if results.suffix == ".gz" else open
+    with opener(results, "rt") as handle:
+        doc = json.load(handle)
+    return [
+        row
+        for row in doc["rows"]
+        if row.get("suite") == "serving"
+        and row.get("contender", "kernels") == "kernels"
+        and row.get("dtype") in ("bf16", "fp16")
+        and row["m"] <= max_m
+        and row.get("config")
+    ]
+
+
+def layer_count(weight_bytes: int, l2_bytes: int) -> int:
+    """Copies of a weight that fill `L2_FILLS` L2s, at least `MIN_LAYERS`."""
+    return max(MIN_LAYERS, math.ceil(L2_FILLS * l2_bytes / weight_bytes))
+
+
+def stack(row: dict, layers: int, device, fill: bool = True):
+    """The activations and `layers` weights of a row (torch.randn, or left empty without
+    `fill`), and `b` as its layout gives it: "tt" is `x @ w.t()` (w row-major (n, k)), "tn" is
+    `x @ w` (w row-major (k, n))."""
+    import torch
+
+    from benchmarks.common import DTYPES
+
+    make = torch.randn if fill else torch.empty
+    dtype = DTYPES[row["dtype"]]
+    m, n, k = row["m"], row["n"], row["k"]
+    x = make(m, k, device=device, dtype=dtype)
+    if row["layout"] not in ("tt", "tn"):
+        raise ValueError(f"layout {row['layout']!r}: a linear layer's b is 'tt' or 'tn'")
+    shape = (n, k) if row["layout"] == "tt" else (k, n)
+    weights = [make(*shape, device=device, dtype=dtype) for _ in range(layers)]
+    bs = [w.t() for w in weights] if row["layout"] == "tt" else weights
+    return x, weights, bs
+
+
+def compile_configs(rows: list[dict], device, workers: int) -> dict:
+    """Each row's kernel, compiled in parallel: keyed by (config key, signature key)."""
+    from gemmtune.core.config import GemmConfig
+    from gemmtune.core.problem import GemmProblem
+    from gemmtune.kernels.build import load_gemm
+    from gemmtune.kernels.signature import KernelSignature
+    from gemmtune.workers.compiler import CompileJob, CompilePool, compile_all
+
+    jobs = {}
+    for row in rows:
+        x, _, (b,) = stack(row, 1, device, fill=False)
+        signature = KernelSignature.of(GemmProblem.from_tensors(x, b))
+        config = GemmConfig.from_key(row["config"])
+        jobs[(config.compile_key, signature.key)] = CompileJob(config, signature)
+    pool = CompilePool("sm_90a", max_workers=workers)
+    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-chain-"))
+    kernels = {}
+    try:
+        for outcome in compile_all(list(jobs.values()), out_dir, pool):
+            job = outcome.job
+            if outcome.path is not None:
+                kernels[(job.config.compile_key, job.signature.key)] = load_gemm(
+                    outcome.path, job.config, job.signature
+                )
+    finally:
+        pool.stop_workers()
+    return kernels
+
+
+def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float, rounds: int):
+    """The row's GEMM over a stack of layers, beside torch.mm and a read of the same weights;
+    None where the row's kernel did not compile or computed a wrong result."""
+    import torch
+
+    from gemmtune.core.config import GemmConfig
+    from gemmtune.core.problem import GemmProblem
+    from gemmtune.kernels.launch import launch
+    from gemmtune.kernels.signature import KernelSignature
+    from gemmtune.measure.bandwidth import gemm_bytes
+    from gemmtune.measure.timing import time_in_windows
+    from gemmtune.measure.verify import check
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    m, n, k = row["m"], row["n"], row["k"]
+    weight_bytes = n * k * 2
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    layers = layer_count(weight_bytes, l2_bytes)
+    x, weights, bs = stack(row, layers, device)
+    config = GemmConfig.from_key(row["config"])
+    signature = KernelSignature.of(GemmProblem.from_tensors(x, bs[0]))
+    kernel = kernels.get((config.compile_key, signature.key))
+    if kernel is None:
+        return None
+    ours = [torch.full((m, n), float("nan"), device=device, dtype=x.dtype) for _ in bs]
+    theirs = [torch.empty_like(out) for out in ours]
+    for b, out in zip(bs, ours, strict=True):
+        launch(kernel, x, b, out, config)
+    verdicts = [check(out, x.float() @ b.float()) for b, out in zip(bs, ours, strict=True)]
+    if not all(ok for ok, _ in verdicts):
+        return None
+    errors = [err for _, err in verdicts]
+    read = stream_reader()
+    flat = [w.view(-1) for w in weights]
+    partials = torch.empty(-(-flat[0].numel() // STREAM_BLOCK), device=device)
+    total = torch.empty(k if row["layout"] == "tn" else n, device=device)
+
+    def our_stack():
+        for b, out in zip(bs, ours, strict=True):
+            launch(kernel, x, b, out, config)
+
+    def torch_stack():
+        for b, out in zip(bs, theirs, strict=True):
+            torch.mm(x, b, out=out)
+
+    def read_stack():
+        for w, source in zip(weights, flat, strict=True):
+            if read is not None:
+                read(source, partials)
+            else:
+                torch.sum(w, dim=0, dtype=torch.float32, out=total)
+
+    timings = time_in_windows(
+        [our_stack, torch_stack, read_stack],
+        window_ms=window_ms,
+        rounds=rounds,
+        graph=True,
+        rotate=True,
+    )
+    ours_ms, cublas_ms, read_ms = (t.median_ms / layers for t in timings)
+    moved = gemm_bytes(m, n, k, 2, 2)
+    gbps = moved / (ours_ms * 1e-3) / 1e9
+    cublas_gbps = moved / (cublas_ms * 1e-3) / 1e9
+    read_gbps = weight_bytes / (read_ms * 1e-3) / 1e9
+    return {
+        "shape": row["shape"],
+        "m": m,
+        "n": n,
+        "k": k,
+        "l": 1,
+        "dtype": row["dtype"],
+        "layout": row["layout"],
+        "config": row["config"],
+        "suite": "serving",
+        "mode": "chain",
+        "contender": "kernels",
+        "layers": layers,
+        "ours_ms": round(ours_ms, 5),
+        "cublas_ms": round(cublas_ms, 5),
+        "ratio": round(cublas_ms / ours_ms, 4),
+        "rel_err": max(errors),
+        "correct": True,
+        "gbps": round(gbps, 1),
+        "cublas_gbps": round(cublas_gbps, 1),
+        "bw_fraction": round(gbps / reference_gbps, 3),
+        "cublas_bw_fraction": round(cublas_gbps / reference_gbps, 3),
+        "read_ms": round(read_ms, 5),
+        "read_bw_fraction": round(read_gbps / reference_gbps, 3),
+        "spread": [round(t.spread, 3) for t in timings],
+    }
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks decode-chain", description=SUITE_HELP
+    )
+    parser.add_argument("--results", type=Path, required=True, help="a serving results file")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--max-m", type=int, default=64)
+    parser.add_argument("--window-ms", type=float, default=30.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=8, help="compile workers")
+    parser.add_argument("--name", help="the results file's name before the GPU and date")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from gemmtune.measure.bandwidth import measure_bandwidth
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows = decode_rows(args.results, args.max_m)
+    if not rows:
+        raise SystemExit(f"{args.results} has no decode rows of at most {args.max_m} rows")
+    reference = measure_bandwidth(device)
+    kernels = compile_configs(rows, device, args.workers)
+    out = []
+    for row in rows:
+        result = chain_row(row, kernels, reference.reference_gbps, args.window_ms, args.rounds)
+        torch.cuda.empty_cache()
+        if result is None:
+            print(f"{row['shape']} {row['layout']} {row['config']}: not run", flush=True)
+            continue
+        out.append(result)
+        print(
+            f"{row['shape']:18s} {row['layout']} x{result['layers']:<3d} ours "
+            f"{result['ours_ms'] * 1e3:7.2f} us {result['bw_fraction']:.2f}  torch "
+            f"{result['cublas_ms'] * 1e3:7.2f} us {result['cublas_bw_fraction']:.2f}  read "
+            f"{result['read_bw_fraction']:.2f}  ratio {result['ratio']:.3f}",
+            flush=True,
+        )
+    method = (
+        f"the decode rows (m <= {args.max_m}) of {args.results.name}, each with the config that "
+        "file's tune picked (our kernels alone): the row's GEMM over a stack of copies of its "
+        f"weight filling {L2_FILLS} L2s (at least {MIN_LAYERS}), one GEMM per copy into its own "
+        "output, captured in one CUDA graph; beside it torch.mm over the same tensors and a read "
+        "of each copy (a Triton kernel that only reads, 16 KB per program); the three graphs "
+        f"replayed in windows of ~{args.window_ms:g} ms taken in turn {args.rounds} times "
+        "(gemmtune.measure.timing.time_in_windows, no flush: the stack evicts each copy before "
+        "its turn), CUDA events, median per replay over the layers; torch.randn inputs; "
+        "verified against a float32 reference first; bw_fraction of the GPU's memory bandwidth "
+        f"{reference.__dict__} (measure.bandwidth: a sum and a copy over 2 GiB, the faster the "
+        "reference), bytes moved = A and B read once, the output written once"
+    )
+    return write_results("decode-chain", method, out, args.out_dir, name=args.name)
