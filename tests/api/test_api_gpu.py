@@ -95,6 +95,46 @@ def test_captured_in_a_cuda_graph_and_replayed(tmp_path, monkeypatch, entry, dec
         assert ok, f"replay of a captured {decomposition} GEMM: rel err {err}"
 
 
+def test_a_graph_keeps_its_workspace_when_the_pool_grows_and_the_first_graph_is_gone(
+    tmp_path, monkeypatch
+):
+    """A split-K plan captured in two graphs, the first graph then deleted, and a plan that
+    needs a larger workspace captured after them: the second graph still computes its product
+    and writes nowhere else (memory handed out since keeps its values). Shared through the
+    pool, its workspace was one the first capture had allocated, freed when the pool grew."""
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS["split_k"])
+    monkeypatch.setattr(dispatch, "tuned_gemm", d.gemm)
+    a, b = (torch.randn(s, device="cuda", dtype=torch.bfloat16) for s in ((384, 1536), (1536, 640)))
+    big_a = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    big_b = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16)  # more tiles, partials
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the plans, away from the captures
+        d(a, b)
+        d(big_a, big_b)
+    torch.cuda.current_stream().wait_stream(side)
+    first, second, third = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        d(a, b)
+    with torch.cuda.graph(second):
+        captured = d(a, b)
+    del first
+    with torch.cuda.graph(third):
+        big = d(big_a, big_b)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    fillers = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(64)]
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        big.fill_(float("nan"))
+        second.replay()
+        third.replay()
+        torch.cuda.synchronize()
+        assert check(captured, a.float() @ b.float())[0]
+        assert check(big, big_a.float() @ big_b.float())[0]
+    assert all(bool((f == 7.0).all()) for f in fillers)
+
+
 def test_a_shape_met_first_inside_a_capture_is_captured_as_torchs_then_tuned(tmp_path, caplog):
     """A call with no plan inside a capture (mode tune, an empty cache) is served by torch and
     captured so, with a warning; no plan is kept, and the first call outside the capture tunes

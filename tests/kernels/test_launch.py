@@ -76,3 +76,22 @@ def test_the_workspace_grows_to_the_larger_of_each_need_and_then_is_reused(monke
     # alternating between the two needs no longer allocates
     assert pool.get(cpu, more_partials)[0] is partials
     assert pool.get(cpu, more_counters)[1] is counters
+
+
+def test_a_launch_being_captured_gets_a_zeroed_workspace_of_its_own(monkeypatch):
+    """A captured launch's workspace is not the pool's: growing the pool must not free what a
+    graph replays into, and its counters are zeroed in its own capture."""
+    from gemmtune.kernels import launch
+
+    stream = types.SimpleNamespace(stream_id=7)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    pool, cpu, need = WorkspacePool(), torch.device("cpu"), WorkspaceNeed(1000, 8)
+    shared = pool.get(cpu, need)
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
+    first, second = pool.get(cpu, need), pool.get(cpu, WorkspaceNeed(5000, 64))
+    assert first[0] is not shared[0] and first[1] is not shared[1]
+    assert first[0] is not second[0] and second[0].numel() >= 5000
+    assert not first[1].any() and not second[1].any()
+    assert pool.buffers == {(cpu, 7): shared}  # the captures left the shared one as it was
+    monkeypatch.setattr(launch, "capturing", lambda device: False)
+    assert pool.get(cpu, need)[0] is shared[0]

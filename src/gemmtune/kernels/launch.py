@@ -3,7 +3,8 @@
 The workspace (fp32 partial tiles and int32 arrival counters, `reduction.py`) is allocated
 once per device and stream, grown when a launch needs more, and reused: kernels leave every
 counter at 0, so a launch needs no memset. Launches on one stream run in order, so they can
-share it.
+share it. A launch being captured in a CUDA graph gets a workspace of its own instead
+(`WorkspacePool.get`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def workspace_need(
     return WorkspaceNeed(schedule.partial_slots * ctas * cta_tile, schedule.counters * ctas)
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether work on `device`'s current stream is being captured into a CUDA graph."""
+    if device.type != "cuda":
+        return False
+    if device.index is None or device.index == torch.cuda.current_device():
+        return torch.cuda.is_current_stream_capturing()
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 @dataclass
 class WorkspacePool:
     """One growing workspace per (device, stream)."""
@@ -62,17 +73,37 @@ class WorkspacePool:
     buffers: dict = field(default_factory=dict)
 
     def get(self, device: torch.device, need: WorkspaceNeed) -> tuple[torch.Tensor, torch.Tensor]:
-        """(partials, counters) of at least the sizes `need` asks for; counters are all zero."""
+        """(partials, counters) of at least the sizes `need` asks for; counters are all zero.
+
+        A launch being captured in a CUDA graph gets buffers of its own, allocated in the
+        capture and not kept here: a replay writes to the addresses the capture saw, so a
+        shared buffer would have to outlive every graph that ever used it, yet growing drops
+        it (its memory then goes to other tensors, or back to the driver once the graph whose
+        capture allocated it is gone, and the replays of graphs still using it write there:
+        an illegal address, or another tensor's values). Allocated in the capture, they come
+        from the graph's private pool, which holds them as long as the graph; the graph zeroes
+        its counters at each replay, where counters another capture allocated are zero only
+        once that graph has run."""
+        if capturing(device):
+            return _new_partials(device, need), _new_counters(device, need)
         key = (device, torch.cuda.current_stream(device).stream_id)
         partials, counters = self.buffers.get(key, (None, None))
         # each grows on its own, so configs that need more of one and less of the other can
         # alternate without reallocating
         if partials is None or partials.numel() < need.partials:
-            partials = torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
+            partials = _new_partials(device, need)
         if counters is None or counters.numel() < need.counters:
-            counters = torch.zeros(max(need.counters, 4), dtype=torch.int32, device=device)
+            counters = _new_counters(device, need)
         self.buffers[key] = (partials, counters)
         return partials, counters
+
+
+def _new_partials(device: torch.device, need: WorkspaceNeed) -> torch.Tensor:
+    return torch.empty(max(need.partials, 4), dtype=torch.float32, device=device)
+
+
+def _new_counters(device: torch.device, need: WorkspaceNeed) -> torch.Tensor:
+    return torch.zeros(max(need.counters, 4), dtype=torch.int32, device=device)
 
 
 WORKSPACES = WorkspacePool()
