@@ -135,6 +135,32 @@ def test_a_graph_keeps_its_workspace_when_the_pool_grows_and_the_first_graph_is_
     assert all(bool((f == 7.0).all()) for f in fillers)
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("decomposition", sorted(CAPTURED_CONFIGS))
+def test_tensors_on_a_gpu_that_is_not_the_current_one(tmp_path, monkeypatch, decomposition):
+    """Operands on the second GPU while the first is current: the kernel runs on theirs, with
+    a workspace there, called directly and replayed from a graph captured on that GPU."""
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS[decomposition])
+    monkeypatch.setattr(dispatch, "tuned_gemm", d.gemm)
+    torch.cuda.set_device(0)
+    a = torch.randn(384, 1536, device="cuda:1", dtype=torch.bfloat16)
+    b = torch.randn(1536, 640, device="cuda:1", dtype=torch.bfloat16)
+    expected = a.float() @ b.float()
+    out = d(a, b)
+    assert out.device == a.device and torch.cuda.current_device() == 0
+    assert check(out, expected)[0]
+    assert all(p.launcher is not None for p in d.plans.values())
+    with torch.cuda.device(1):
+        graph = torch.cuda.CUDAGraph()
+        # torch's default capture stream belongs to the GPU of the first capture in the process
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+            captured = d(a, b)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize(1)
+    assert check(captured, expected)[0]
+
+
 def test_a_shape_met_first_inside_a_capture_is_captured_as_torchs_then_tuned(tmp_path, caplog):
     """A call with no plan inside a capture (mode tune, an empty cache) is served by torch and
     captured so, with a warning; no plan is kept, and the first call outside the capture tunes
