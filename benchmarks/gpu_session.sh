@@ -2,12 +2,12 @@
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
 # Steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers
-# cache timings read-ceiling int8-layouts suite
+# cache timings read-ceiling decode-chain int8-layouts suite
 # (default: doctor tests public dispatch). `tests` runs `pytest -m gpu`; where one call may
 # not run longer than 10 minutes, `tests-kernels` and `tests-rest` run its two halves
 # (tests/kernels, everything else), each with its own 570 s limit. A suite step runs
 # `python3 -m benchmarks SUITE` (cost: the tuning-cost suite, with $COST_ARGS; serving with
-# $SERVING_ARGS); suite:
+# $SERVING_ARGS; decode-chain on the serving results file $CHAIN_RESULTS); suite:
 # `gemmtune bench --json` on an empty cache. Results and logs go to $OUT.
 set -uo pipefail
 if [ ! -f benchmarks/__main__.py ]; then
@@ -23,8 +23,8 @@ python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 ||
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | tests-kernels | tests-rest | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | int8-layouts | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers cache timings read-ceiling int8-layouts suite)" >&2; exit 2 ;;
+    doctor | tests | tests-kernels | tests-rest | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | decode-chain | int8-layouts | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers cache timings read-ceiling decode-chain int8-layouts suite)" >&2; exit 2 ;;
   esac
 done
 
@@ -43,6 +43,7 @@ for step in $steps; do
     tests-rest) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/kernels 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -15 ;;
     cost) run_suite tuning-cost ${COST_ARGS:-} ;;
     serving) run_suite serving ${SERVING_ARGS:-} ;;
+    decode-chain) run_suite decode-chain --results "${CHAIN_RESULTS:?a serving results file}" ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
     *) run_suite "$step" ;;
   esac
