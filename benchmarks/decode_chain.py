@@ -88,13 +88,16 @@ def compile_configs(rows: list[dict], device, workers: int) -> dict:
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.workers.compiler import CompileJob, CompilePool, compile_all
 
-    jobs = {}
+    jobs, targets = {}, set()
     for row in rows:
         x, _, (b,) = stack(row, 1, device, fill=False)
-        signature = KernelSignature.of(GemmProblem.from_tensors(x, b))
+        problem = GemmProblem.from_tensors(x, b)
+        signature = KernelSignature.of(problem)
         config = GemmConfig.from_key(row["config"])
         jobs[(config.compile_key, signature.key)] = CompileJob(config, signature)
-    pool = CompilePool("sm_90a", max_workers=workers)
+        targets.add(problem.arch.compile_target)
+    (target,) = targets  # one GPU
+    pool = CompilePool(target, max_workers=workers)
     out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-chain-"))
     kernels = {}
     try:
