@@ -117,15 +117,15 @@ def against_cublas(m: int, n: int, k: int, ours_ms: float, cublas_ms: float) -> 
     }
 
 
-def compile_and_load(jobs: list, workers: int) -> tuple[dict, list]:
-    """Compile `jobs` (CompileJob) into a temporary folder and load them: the kernels keyed by
-    (compile key, A/B dtype), and the outcomes that failed to compile."""
+def compile_and_load(jobs: list, workers: int, target: str = "sm_90a") -> tuple[dict, list]:
+    """Compile `jobs` (CompileJob) for `target` into a temporary folder and load them: the
+    kernels keyed by (compile key, A/B dtype), and the outcomes that failed to compile."""
     from gemmtune.kernels.build import load_gemm
     from gemmtune.workers.compiler import CompilePool, compile_all
 
     out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-bench-"))
     kernels, failed = {}, []
-    pool = CompilePool("sm_90a", max_workers=workers)
+    pool = CompilePool(target, max_workers=workers)
     for outcome in compile_all(jobs, out_dir, pool):
         if outcome.path is None:
             failed.append(outcome)

@@ -21,13 +21,11 @@ costs in the same stack. `bw_fraction` is of the 2 GiB read or copy rate of the 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import math
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import RESULTS, write_results
+from benchmarks.common import RESULTS, compile_and_load, write_results
+from benchmarks.plot import load
 from benchmarks.read_ceiling import STREAM_BLOCK, stream_reader
 
 SUITE_HELP = "decode rows of a serving results file, each run over a stack of layers in a graph"
@@ -41,12 +39,9 @@ MIN_LAYERS = 2
 def decode_rows(results: Path, max_m: int) -> list[dict]:
     """The kernel rows of a serving results file with at most `max_m` rows of 16-bit inputs,
     our kernels alone (contender "kernels")."""
-    opener = gzip.open if results.suffix == ".gz" else open
-    with opener(results, "rt") as handle:
-        doc = json.load(handle)
     return [
         row
-        for row in doc["rows"]
+        for row in load(results)["rows"]
         if row.get("suite") == "serving"
         and row.get("contender", "kernels") == "kernels"
         and row.get("dtype") in ("bf16", "fp16")
@@ -81,35 +76,29 @@ def stack(row: dict, layers: int, device, fill: bool = True):
 
 
 def compile_configs(rows: list[dict], device, workers: int) -> dict:
-    """Each row's kernel, compiled in parallel: keyed by (config key, signature key)."""
+    """Each row's kernel, compiled in parallel: keyed by layout, then (compile key, A/B
+    dtype) as `compile_and_load` keys them (one layout's rows share a signature per dtype)."""
     from gemmtune.core.config import GemmConfig
     from gemmtune.core.problem import GemmProblem
-    from gemmtune.kernels.build import load_gemm
     from gemmtune.kernels.signature import KernelSignature
-    from gemmtune.workers.compiler import CompileJob, CompilePool, compile_all
+    from gemmtune.workers.compiler import CompileJob
 
-    jobs, targets = {}, set()
+    jobs: dict[str, dict] = {}
+    targets = set()
     for row in rows:
         x, _, (b,) = stack(row, 1, device, fill=False)
         problem = GemmProblem.from_tensors(x, b)
         signature = KernelSignature.of(problem)
         config = GemmConfig.from_key(row["config"])
-        jobs[(config.compile_key, signature.key)] = CompileJob(config, signature)
+        jobs.setdefault(row["layout"], {})[(config.compile_key, signature.key)] = CompileJob(
+            config, signature
+        )
         targets.add(problem.arch.compile_target)
     (target,) = targets  # one GPU
-    pool = CompilePool(target, max_workers=workers)
-    out_dir = Path(tempfile.mkdtemp(prefix="gemmtune-chain-"))
-    kernels = {}
-    try:
-        for outcome in compile_all(list(jobs.values()), out_dir, pool):
-            job = outcome.job
-            if outcome.path is not None:
-                kernels[(job.config.compile_key, job.signature.key)] = load_gemm(
-                    outcome.path, job.config, job.signature
-                )
-    finally:
-        pool.stop_workers()
-    return kernels
+    return {
+        layout: compile_and_load(list(found.values()), workers, target)[0]
+        for layout, found in jobs.items()
+    }
 
 
 def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float, rounds: int):
@@ -118,9 +107,7 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
     import torch
 
     from gemmtune.core.config import GemmConfig
-    from gemmtune.core.problem import GemmProblem
     from gemmtune.kernels.launch import launch
-    from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
     from gemmtune.measure.timing import time_in_windows
     from gemmtune.measure.verify import check
@@ -132,8 +119,7 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
     layers = layer_count(weight_bytes, l2_bytes)
     x, weights, bs = stack(row, layers, device)
     config = GemmConfig.from_key(row["config"])
-    signature = KernelSignature.of(GemmProblem.from_tensors(x, bs[0]))
-    kernel = kernels.get((config.compile_key, signature.key))
+    kernel = kernels[row["layout"]].get((config.compile_key, row["dtype"]))
     if kernel is None:
         return None
     ours = [torch.full((m, n), float("nan"), device=device, dtype=x.dtype) for _ in bs]

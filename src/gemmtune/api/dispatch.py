@@ -220,8 +220,11 @@ def with_autograd(
 
 
 def capturing(a: torch.Tensor) -> bool:
-    """Whether a call on `a` is being captured into a CUDA graph (on the current stream)."""
-    return a.is_cuda and torch.cuda.is_current_stream_capturing()
+    """Whether a call on `a` is being captured into a CUDA graph (on its device's current
+    stream)."""
+    from gemmtune.kernels.launch import capturing as stream_capturing
+
+    return stream_capturing(a.device)
 
 
 UNIT_SCALES: dict[torch.device, tuple] = {}
