@@ -10,10 +10,11 @@ because the layers after it evicted it. Here every decode row (m <= `--max-m`) o
 `layers` copies of its weight, as many as fill four L2s (at least two), one GEMM per copy, in a
 graph replayed in windows taken in turn (`time_in_windows`, no flush: no copy is in L2 when its
 turn comes); per GEMM, the replay's time over the copies. Three contenders over the same
-tensors: the row's config (what the tuner picked for it, our kernels alone), `torch.mm`, and a
-read of each copy (a Triton kernel that only reads, else `torch.sum`): what reading the weights
-costs in the same stack. `bw_fraction` is of the 2 GiB read or copy rate of the same run
-(`gemmtune.measure.bandwidth`), as in the serving suite.
+tensors: the row's config (what the tuner picked for it, our kernels alone), torch's product
+(`torch.mm`; for fp8 rows `torch._scaled_mm` with the row's scaling and accumulation, into bf16
+as the serving suite runs it), and a read of each copy (a Triton kernel that only reads, else
+`torch.sum`): what reading the weights costs in the same stack. `bw_fraction` is of the 2 GiB
+read or copy rate of the same run (`gemmtune.measure.bandwidth`), as in the serving suite.
 
     python -m benchmarks decode-chain --results FILE.json[.gz] [--out-dir DIR] [--max-m 64]
 """
@@ -34,17 +35,19 @@ SUITE_HELP = "decode rows of a serving results file, each run over a stack of la
 L2_FILLS = 4
 #: the fewest layers of a stack
 MIN_LAYERS = 2
+#: the input types of the rows it runs: 16-bit, and fp8 with its scales
+CHAIN_DTYPES = ("bf16", "fp16", "e4m3")
 
 
 def decode_rows(results: Path, max_m: int) -> list[dict]:
-    """The kernel rows of a serving results file with at most `max_m` rows of 16-bit inputs,
-    our kernels alone (contender "kernels")."""
+    """The kernel rows of a serving results file with at most `max_m` rows of 16-bit or e4m3
+    inputs, our kernels alone (contender "kernels")."""
     return [
         row
         for row in load(results)["rows"]
         if row.get("suite") == "serving"
         and row.get("contender", "kernels") == "kernels"
-        and row.get("dtype") in ("bf16", "fp16")
+        and row.get("dtype") in CHAIN_DTYPES
         and row["m"] <= max_m
         and row.get("config")
     ]
@@ -56,30 +59,53 @@ def layer_count(weight_bytes: int, l2_bytes: int) -> int:
 
 
 def stack(row: dict, layers: int, device, fill: bool = True):
-    """The activations and `layers` weights of a row (torch.randn, or left empty without
-    `fill`), and `b` as its layout gives it: "tt" is `x @ w.t()` (w row-major (n, k)), "tn" is
-    `x @ w` (w row-major (k, n))."""
+    """The activations and `layers` weights of a row (torch.randn, fp8 rounded to it, or left
+    empty without `fill`), and `b` as its layout gives it: "tt" is `x @ w.t()` (w row-major
+    (n, k)), "tn" is `x @ w` (w row-major (k, n))."""
     import torch
 
     from benchmarks.common import DTYPES
+    from gemmtune.measure.runner import random_tensor
 
-    make = torch.randn if fill else torch.empty
     dtype = DTYPES[row["dtype"]]
+
+    def make(*shape):
+        if not fill:
+            return torch.empty(*shape, device=device, dtype=dtype)
+        return random_tensor(shape, dtype, device)
+
     m, n, k = row["m"], row["n"], row["k"]
-    x = make(m, k, device=device, dtype=dtype)
+    x = make(m, k)
     if row["layout"] not in ("tt", "tn"):
         raise ValueError(f"layout {row['layout']!r}: a linear layer's b is 'tt' or 'tn'")
     shape = (n, k) if row["layout"] == "tt" else (k, n)
-    weights = [make(*shape, device=device, dtype=dtype) for _ in range(layers)]
+    weights = [make(*shape) for _ in range(layers)]
     bs = [w.t() for w in weights] if row["layout"] == "tt" else weights
     return x, weights, bs
+
+
+def row_problem(row: dict, x, b):
+    """The problem a row's GEMM is: an fp8 row's with its scaling and accumulation, into bf16
+    as the serving suite runs it."""
+    import torch
+
+    from gemmtune.core.problem import GemmProblem
+
+    if row["dtype"] in ("bf16", "fp16"):
+        return GemmProblem.from_tensors(x, b)
+    return GemmProblem.from_tensors(
+        x,
+        b,
+        out_dtype=torch.bfloat16,
+        scaling=row.get("scaling", "tensor"),
+        promoted=not row.get("use_fast_accum", True),
+    )
 
 
 def compile_configs(rows: list[dict], device, workers: int) -> dict:
     """Each row's kernel, compiled in parallel: keyed by layout, then (compile key, A/B
     dtype) as `compile_and_load` keys them (one layout's rows share a signature per dtype)."""
     from gemmtune.core.config import GemmConfig
-    from gemmtune.core.problem import GemmProblem
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.workers.compiler import CompileJob
 
@@ -87,7 +113,7 @@ def compile_configs(rows: list[dict], device, workers: int) -> dict:
     targets = set()
     for row in rows:
         x, _, (b,) = stack(row, 1, device, fill=False)
-        problem = GemmProblem.from_tensors(x, b)
+        problem = row_problem(row, x, b)
         signature = KernelSignature.of(problem)
         config = GemmConfig.from_key(row["config"])
         jobs.setdefault(row["layout"], {})[(config.compile_key, signature.key)] = CompileJob(
@@ -102,53 +128,66 @@ def compile_configs(rows: list[dict], device, workers: int) -> dict:
 
 
 def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float, rounds: int):
-    """The row's GEMM over a stack of layers, beside torch.mm and a read of the same weights;
-    None where the row's kernel did not compile or computed a wrong result."""
+    """The row's GEMM over a stack of layers, beside torch's product and a read of the same
+    weights; None where the row's kernel did not compile or computed a wrong result."""
     import torch
 
+    from benchmarks.common import DTYPES
     from gemmtune.core.config import GemmConfig
     from gemmtune.kernels.launch import launch
+    from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
+    from gemmtune.measure.runner import random_scales, reference_product, torch_product
     from gemmtune.measure.timing import time_in_windows
     from gemmtune.measure.verify import check
 
     device = torch.device("cuda", torch.cuda.current_device())
     m, n, k = row["m"], row["n"], row["k"]
-    weight_bytes = n * k * 2
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    weight_bytes = n * k * DTYPES[row["dtype"]].itemsize
     layers = layer_count(weight_bytes, l2_bytes)
     x, weights, bs = stack(row, layers, device)
+    problem = row_problem(row, x, bs[0])
+    scales = random_scales(KernelSignature.of(problem), m, n, device)
+    fast = not problem.promoted
     config = GemmConfig.from_key(row["config"])
     kernel = kernels[row["layout"]].get((config.compile_key, row["dtype"]))
     if kernel is None:
         return None
-    ours = [torch.full((m, n), float("nan"), device=device, dtype=x.dtype) for _ in bs]
+    ours = [torch.full((m, n), float("nan"), device=device, dtype=problem.out_dtype) for _ in bs]
     theirs = [torch.empty_like(out) for out in ours]
     for b, out in zip(bs, ours, strict=True):
-        launch(kernel, x, b, out, config)
-    verdicts = [check(out, x.float() @ b.float()) for b, out in zip(bs, ours, strict=True)]
+        launch(kernel, x, b, out, config, scales=scales)
+    verdicts = [
+        check(out, reference_product(x, b, scales), x.dtype)
+        for b, out in zip(bs, ours, strict=True)
+    ]
     if not all(ok for ok, _ in verdicts):
         return None
     errors = [err for _, err in verdicts]
     read = stream_reader()
-    flat = [w.view(-1) for w in weights]
+    # the reader takes 16-bit elements: an fp8 weight is read as half as many of them
+    flat = [w.reshape(-1).view(torch.int16 if w.element_size() == 1 else w.dtype) for w in weights]
     partials = torch.empty(-(-flat[0].numel() // STREAM_BLOCK), device=device)
-    total = torch.empty(k if row["layout"] == "tn" else n, device=device)
+    total = torch.empty((), device=device)
 
     def our_stack():
         for b, out in zip(bs, ours, strict=True):
-            launch(kernel, x, b, out, config)
+            launch(kernel, x, b, out, config, scales=scales)
 
     def torch_stack():
         for b, out in zip(bs, theirs, strict=True):
-            torch.mm(x, b, out=out)
+            if scales:  # its output comes from the graph's pool: no copy into `out`
+                torch_product(x, b, scales, problem.out_dtype, fast)
+            else:
+                torch.mm(x, b, out=out)
 
     def read_stack():
-        for w, source in zip(weights, flat, strict=True):
+        for source in flat:
             if read is not None:
                 read(source, partials)
             else:
-                torch.sum(w, dim=0, dtype=torch.float32, out=total)
+                torch.sum(source, dtype=torch.float32, out=total)
 
     timings = time_in_windows(
         [our_stack, torch_stack, read_stack],
@@ -158,7 +197,7 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
         rotate=True,
     )
     ours_ms, cublas_ms, read_ms = (t.median_ms / layers for t in timings)
-    moved = gemm_bytes(m, n, k, 2, 2)
+    moved = gemm_bytes(m, n, k, x.element_size(), ours[0].element_size())
     gbps = moved / (ours_ms * 1e-3) / 1e9
     cublas_gbps = moved / (cublas_ms * 1e-3) / 1e9
     read_gbps = weight_bytes / (read_ms * 1e-3) / 1e9
@@ -187,6 +226,7 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
         "read_ms": round(read_ms, 5),
         "read_bw_fraction": round(read_gbps / reference_gbps, 3),
         "spread": [round(t.spread, 3) for t in timings],
+        **({"scaling": problem.scaling, "use_fast_accum": fast} if scales else {}),
     }
 
 
@@ -232,11 +272,14 @@ def main(argv: list[str] | None = None) -> Path:
         f"the decode rows (m <= {args.max_m}) of {args.results.name}, each with the config that "
         "file's tune picked (our kernels alone): the row's GEMM over a stack of copies of its "
         f"weight filling {L2_FILLS} L2s (at least {MIN_LAYERS}), one GEMM per copy into its own "
-        "output, captured in one CUDA graph; beside it torch.mm over the same tensors and a read "
-        "of each copy (a Triton kernel that only reads, 16 KB per program); the three graphs "
+        "output, captured in one CUDA graph; beside it torch's product over the same tensors "
+        "(torch.mm; fp8 rows: torch._scaled_mm with the same scales and accumulation, into "
+        "bf16) and a read of each copy (a Triton kernel that only reads, 16 KB per program); "
+        "the three graphs "
         f"replayed in windows of ~{args.window_ms:g} ms taken in turn {args.rounds} times "
         "(gemmtune.measure.timing.time_in_windows, no flush: the stack evicts each copy before "
-        "its turn), CUDA events, median per replay over the layers; torch.randn inputs; "
+        "its turn), CUDA events, median per replay over the layers; torch.randn inputs (fp8: "
+        "rounded to it, scales uniform in [0.5, 1.5)); "
         "verified against a float32 reference first; bw_fraction of the GPU's memory bandwidth "
         f"{reference.__dict__} (measure.bandwidth: a sum and a copy over 2 GiB, the faster the "
         "reference), bytes moved = A and B read once, the output written once"

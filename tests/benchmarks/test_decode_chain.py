@@ -18,19 +18,22 @@ def row(shape, m, dtype="bf16", contender="kernels", layout="tt", config=DECODE_
     }  # fmt: skip
 
 
-def test_it_takes_the_16_bit_decode_rows_of_our_kernels_alone_from_a_gzipped_file(tmp_path):
+def test_it_takes_the_16_bit_and_e4m3_decode_rows_of_our_kernels_alone_from_a_gzipped_file(
+    tmp_path,
+):
     rows = [
         row("l8b_o_m16", 16),
         row("l8b_o_m64", 64, dtype="fp16", layout="tn"),
         row("l8b_o_m128", 128),  # beyond --max-m
         row("l8b_o_m8", 8, contender="tuned_gemm"),
         row("l8b_o_m4", 4, dtype="e4m3"),
+        row("l8b_o_m1", 1, dtype="int8"),
         row("l8b_o_m2", 2, config=None),  # a row whose tune kept no config of ours
     ]
     path = tmp_path / "serving-h200-2026-01-01.json.gz"
     path.write_bytes(gzip.compress(json.dumps({"rows": rows}).encode()))
-    assert [r["shape"] for r in decode_rows(path, 64)] == ["l8b_o_m16", "l8b_o_m64"]
-    assert [r["shape"] for r in decode_rows(path, 16)] == ["l8b_o_m16"]
+    assert [r["shape"] for r in decode_rows(path, 64)] == ["l8b_o_m16", "l8b_o_m64", "l8b_o_m4"]
+    assert [r["shape"] for r in decode_rows(path, 8)] == ["l8b_o_m4"]
 
 
 def test_a_stack_fills_four_l2s_and_holds_at_least_two_layers():
@@ -56,3 +59,12 @@ def test_each_layer_has_its_own_weight_read_as_the_layout_says(layout):
 def test_a_layout_no_linear_layer_gives_is_refused():
     with pytest.raises(ValueError, match="layout"):
         stack(row("custom", 1, layout="nn"), 1, "cpu")
+
+
+def test_an_fp8_stack_holds_fp8_operands_rounded_from_randn():
+    r = {**row("custom", 2, dtype="e4m3"), "n": 48, "k": 32}
+    x, weights, bs = stack(r, 2, "cpu")
+    assert x.dtype == weights[0].dtype == bs[0].dtype == torch.float8_e4m3fn
+    assert bs[0].shape == (32, 48) and bs[0].stride(0) == 1
+    values = weights[0].float()
+    assert values.std() > 0.5 and not torch.equal(values, values.round())  # not small integers
