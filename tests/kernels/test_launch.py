@@ -95,3 +95,21 @@ def test_a_launch_being_captured_gets_a_zeroed_workspace_of_its_own(monkeypatch)
     assert pool.buffers == {(cpu, 7): shared}  # the captures left the shared one as it was
     monkeypatch.setattr(launch, "capturing", lambda device: False)
     assert pool.get(cpu, need)[0] is shared[0]
+
+
+def test_a_captured_launch_that_counts_nothing_fills_no_counters(monkeypatch):
+    """A graph replays every fill captured with its launches: a data-parallel launch, whose
+    schedule counts nothing, must not add one."""
+    from gemmtune.kernels import launch
+
+    fills = []
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: fills.append(a) or zeros(*a, **kw))
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
+    cpu = torch.device("cpu")
+    data_parallel = workspace_need(GemmConfig(tile_m=64, tile_n=16), 16, 4096, 4096, 1, 132)
+    assert data_parallel == WorkspaceNeed(0, 0)
+    WorkspacePool().get(cpu, data_parallel)
+    assert fills == []
+    WorkspacePool().get(cpu, WorkspaceNeed(1000, 8))
+    assert len(fills) == 1  # a split-K launch's counters are zeroed in its capture
