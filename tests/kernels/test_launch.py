@@ -113,3 +113,31 @@ def test_a_captured_launch_that_counts_nothing_fills_no_counters(monkeypatch):
     assert fills == []
     WorkspacePool().get(cpu, WorkspaceNeed(1000, 8))
     assert len(fills) == 1  # a split-K launch's counters are zeroed in its capture
+
+
+def test_captured_launches_that_count_take_runs_of_counters_set_aside_and_fill_none(
+    monkeypatch,
+):
+    """Counters a graph's launch takes stay its own (no other launch gets them) and are zero
+    without a fill in the graph; once the runs set aside are spent, a capture fills its own."""
+    from gemmtune.kernels import launch
+
+    monkeypatch.setattr(launch, "CAPTURE_COUNTERS", 40)
+    stream = types.SimpleNamespace(stream_id=7)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    pool, cpu = WorkspacePool(), torch.device("cpu")
+    pool.get(cpu, WorkspaceNeed(1000, 8))  # a launch outside any capture sets them aside
+    fills = []
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **kw: fills.append(a) or zeros(*a, **kw))
+    monkeypatch.setattr(launch, "capturing", lambda device: True)
+    runs = [pool.get(cpu, WorkspaceNeed(1000, count))[1] for count in (6, 16, 9)]
+    assert fills == [] and [r.numel() for r in runs] == [6, 16, 9]
+    assert not any(r.any() for r in runs)
+    offsets = [r.storage_offset() for r in runs]
+    assert offsets == [0, 8, 24]  # disjoint, each 16-byte aligned
+    arena = pool.capture_counters[cpu].counters
+    assert all(r.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr() for r in runs)
+    spent = pool.get(cpu, WorkspaceNeed(1000, 8))[1]  # 33 + 8 > 40
+    assert len(fills) == 1 and not spent.any()
+    assert spent.untyped_storage().data_ptr() != arena.untyped_storage().data_ptr()

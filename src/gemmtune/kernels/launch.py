@@ -4,7 +4,7 @@ The workspace (fp32 partial tiles and int32 arrival counters, `reduction.py`) is
 once per device and stream, grown when a launch needs more, and reused: kernels leave every
 counter at 0, so a launch needs no memset. Launches on one stream run in order, so they can
 share it. A launch being captured in a CUDA graph gets a workspace of its own instead
-(`WorkspacePool.get`).
+(`WorkspacePool.get`), its counters from a set-aside run that no replay needs to zero.
 """
 
 from __future__ import annotations
@@ -66,30 +66,63 @@ def capturing(device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
+#: Counters set aside, per device, for launches captured in CUDA graphs (4 MB): each captured
+#: launch that counts takes its own run of them for good, zeroed once, never filled in a replay
+CAPTURE_COUNTERS = 1 << 20
+
+
+@dataclass
+class CaptureCounters:
+    """Zeroed counters that captured launches take runs of and never give back.
+
+    A run taken by a graph's launch must keep its address as long as the graph may replay,
+    and nothing tells when that ends, so runs are not reused; the kernels leave them at zero
+    after every replay. Allocated outside any capture (by a launch that is not captured), so
+    a capture only takes from it."""
+
+    counters: torch.Tensor
+    taken: int = 0
+
+    def take(self, count: int) -> torch.Tensor | None:
+        """A run of `count` zeroed counters, 16-byte aligned, or None when too few are left."""
+        begin = -(-self.taken // 4) * 4
+        if begin + count > self.counters.numel():
+            return None
+        self.taken = begin + count
+        return self.counters[begin : begin + count]
+
+
 @dataclass
 class WorkspacePool:
-    """One growing workspace per (device, stream)."""
+    """One growing workspace per (device, stream), and counters for captured launches."""
 
     buffers: dict = field(default_factory=dict)
+    capture_counters: dict = field(default_factory=dict)
 
     def get(self, device: torch.device, need: WorkspaceNeed) -> tuple[torch.Tensor, torch.Tensor]:
         """(partials, counters) of at least the sizes `need` asks for; counters are all zero.
 
-        A launch being captured in a CUDA graph gets buffers of its own, allocated in the
-        capture and not kept here: a replay writes to the addresses the capture saw, so a
-        shared buffer would have to outlive every graph that ever used it, yet growing drops
-        it (its memory then goes to other tensors, or back to the driver once the graph whose
-        capture allocated it is gone, and the replays of graphs still using it write there:
-        an illegal address, or another tensor's values). Allocated in the capture, they come
-        from the graph's private pool, which holds them as long as the graph; the graph zeroes
-        its counters at each replay, where counters another capture allocated are zero only
-        once that graph has run. A captured launch that counts nothing (data-parallel) gets
-        its counters unfilled: the fill would be a kernel of its own in every replay, about
-        1 µs beside an 8 µs decode GEMM."""
+        A launch being captured in a CUDA graph gets buffers of its own: a replay writes to
+        the addresses the capture saw, so a shared buffer would have to outlive every graph
+        that ever used it, yet growing drops it (its memory then goes to other tensors, or
+        back to the driver once the graph whose capture allocated it is gone, and the replays
+        of graphs still using it write there: an illegal address, or another tensor's values).
+        Its partials are allocated in the capture, from the graph's private pool, which holds
+        them as long as the graph. Its counters are a run of `CaptureCounters`; once those are
+        spent (or where no launch outside a capture has counted on this device yet) they too
+        come from the graph's pool, and the graph zeroes them at each replay, a fill kernel of
+        its own in every replay, about 1 µs beside an 8 µs decode GEMM. A launch that counts
+        nothing (data-parallel) gets counters that are never filled."""
         if capturing(device):
-            if need.counters == 0:
-                return _new_partials(device, need), _unused_counters(device)
-            return _new_partials(device, need), _new_counters(device, need)
+            counters = _unused_counters(device)
+            if need.counters:
+                arena = self.capture_counters.get(device)
+                run = arena.take(need.counters) if arena is not None else None
+                counters = run if run is not None else _new_counters(device, need)
+            return _new_partials(device, need), counters
+        if need.counters and device not in self.capture_counters:
+            counters = torch.zeros(CAPTURE_COUNTERS, dtype=torch.int32, device=device)
+            self.capture_counters[device] = CaptureCounters(counters)
         key = (device, torch.cuda.current_stream(device).stream_id)
         partials, counters = self.buffers.get(key, (None, None))
         # each grows on its own, so configs that need more of one and less of the other can
