@@ -95,6 +95,33 @@ def test_captured_in_a_cuda_graph_and_replayed(tmp_path, monkeypatch, entry, dec
         assert ok, f"replay of a captured {decomposition} GEMM: rel err {err}"
 
 
+@pytest.mark.parametrize("decomposition", sorted(CAPTURED_CONFIGS))
+def test_a_captured_call_replays_as_one_kernel(tmp_path, decomposition):
+    """Nothing rides along with a captured GEMM: a graph replays every kernel captured, and a
+    fill of the workspace's counters had cost each decode GEMM of a stack about 1 µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    d = _dispatcher(tmp_path, CAPTURED_CONFIGS[decomposition])
+    a = torch.randn(384, 1536, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1536, 640, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        d.gemm(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [d.gemm(a, b) for _ in range(3)]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert len(kernels) == 3 and all("HopperGemm" in name for name in kernels), kernels
+    assert all(check(out, a.float() @ b.float())[0] for out in outs)
+
+
 def test_a_graph_keeps_its_workspace_when_the_pool_grows_and_the_first_graph_is_gone(
     tmp_path, monkeypatch
 ):
