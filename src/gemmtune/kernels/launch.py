@@ -114,12 +114,7 @@ class WorkspacePool:
         its own in every replay, about 1 µs beside an 8 µs decode GEMM. A launch that counts
         nothing (data-parallel) gets counters that are never filled."""
         if capturing(device):
-            counters = _unused_counters(device)
-            if need.counters:
-                arena = self.capture_counters.get(device)
-                run = arena.take(need.counters) if arena is not None else None
-                counters = run if run is not None else _new_counters(device, need)
-            return _new_partials(device, need), counters
+            return _new_partials(device, need), self._captured_counters(device, need)
         if need.counters and device not in self.capture_counters:
             counters = torch.zeros(CAPTURE_COUNTERS, dtype=torch.int32, device=device)
             self.capture_counters[device] = CaptureCounters(counters)
@@ -133,6 +128,13 @@ class WorkspacePool:
             counters = _new_counters(device, need)
         self.buffers[key] = (partials, counters)
         return partials, counters
+
+    def _captured_counters(self, device: torch.device, need: WorkspaceNeed) -> torch.Tensor:
+        if not need.counters:
+            return _unused_counters(device)
+        arena = self.capture_counters.get(device)
+        run = arena.take(need.counters) if arena is not None else None
+        return run if run is not None else _new_counters(device, need)
 
 
 def _new_partials(device: torch.device, need: WorkspaceNeed) -> torch.Tensor:
