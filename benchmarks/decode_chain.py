@@ -15,8 +15,12 @@ tensors: the row's config (what the tuner picked for it, our kernels alone), tor
 as the serving suite runs it), and a read of each copy (a Triton kernel that only reads, else
 `torch.sum`): what reading the weights costs in the same stack. `bw_fraction` is of the 2 GiB
 read or copy rate of the same run (`gemmtune.measure.bandwidth`), as in the serving suite.
+With `--constant-weights` a fourth: the row's config built for a constant b (what
+`tuned_gemm(..., constant_b=True)` runs: each layer's kernel starts loading its weight before
+the layer ahead of it finishes), in the `constant_b_*` fields.
 
     python -m benchmarks decode-chain --results FILE.json[.gz] [--out-dir DIR] [--max-m 64]
+        [--constant-weights]
 """
 
 from __future__ import annotations
@@ -102,34 +106,46 @@ def row_problem(row: dict, x, b):
     )
 
 
-def compile_configs(rows: list[dict], device, workers: int) -> dict:
-    """Each row's kernel, compiled in parallel: keyed by layout, then (compile key, A/B
-    dtype) as `compile_and_load` keys them (one layout's rows share a signature per dtype)."""
+def compile_configs(rows: list[dict], device, workers: int, constant_weights: bool = False) -> dict:
+    """Each row's kernel, compiled in parallel (with `constant_weights` also built for a
+    constant b): keyed by (layout, constant b), then (compile key, A/B dtype) as
+    `compile_and_load` keys them (one layout's rows share a signature per dtype)."""
+    import dataclasses
+
     from gemmtune.core.config import GemmConfig
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.workers.compiler import CompileJob
 
-    jobs: dict[str, dict] = {}
+    jobs: dict[tuple, dict] = {}
     targets = set()
     for row in rows:
         x, _, (b,) = stack(row, 1, device, fill=False)
         problem = row_problem(row, x, b)
-        signature = KernelSignature.of(problem)
         config = GemmConfig.from_key(row["config"])
-        jobs.setdefault(row["layout"], {})[(config.compile_key, signature.key)] = CompileJob(
-            config, signature
-        )
+        for constant in (False, True) if constant_weights else (False,):
+            signature = dataclasses.replace(KernelSignature.of(problem), constant_b=constant)
+            jobs.setdefault((row["layout"], constant), {})[(config.compile_key, signature.key)] = (
+                CompileJob(config, signature)
+            )
         targets.add(problem.arch.compile_target)
     (target,) = targets  # one GPU
     return {
-        layout: compile_and_load(list(found.values()), workers, target)[0]
-        for layout, found in jobs.items()
+        built: compile_and_load(list(found.values()), workers, target)[0]
+        for built, found in jobs.items()
     }
 
 
-def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float, rounds: int):
+def chain_row(
+    row: dict,
+    kernels: dict,
+    reference_gbps: float,
+    window_ms: float,
+    rounds: int,
+    constant_weights: bool = False,
+):
     """The row's GEMM over a stack of layers, beside torch's product and a read of the same
-    weights; None where the row's kernel did not compile or computed a wrong result."""
+    weights (and with `constant_weights` the binary for a constant b); None where a kernel of
+    the row did not compile or computed a wrong result."""
     import torch
 
     from benchmarks.common import DTYPES
@@ -151,29 +167,35 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
     scales = random_scales(KernelSignature.of(problem), m, n, device)
     fast = not problem.promoted
     config = GemmConfig.from_key(row["config"])
-    kernel = kernels[row["layout"]].get((config.compile_key, row["dtype"]))
-    if kernel is None:
+    theirs = [torch.empty((m, n), device=device, dtype=problem.out_dtype) for _ in bs]
+    built = [False, True] if constant_weights else [False]
+    binaries = [kernels[(row["layout"], c)].get((config.compile_key, row["dtype"])) for c in built]
+    if None in binaries:
         return None
-    ours = [torch.full((m, n), float("nan"), device=device, dtype=problem.out_dtype) for _ in bs]
-    theirs = [torch.empty_like(out) for out in ours]
-    for b, out in zip(bs, ours, strict=True):
-        launch(kernel, x, b, out, config, scales=scales)
-    verdicts = [
-        check(out, reference_product(x, b, scales), x.dtype)
-        for b, out in zip(bs, ours, strict=True)
-    ]
-    if not all(ok for ok, _ in verdicts):
-        return None
-    errors = [err for _, err in verdicts]
+    errors = []
+    stacks = []
+    for kernel in binaries:
+        outs = [torch.full_like(theirs[0], float("nan")) for _ in bs]
+        for b, out in zip(bs, outs, strict=True):
+            launch(kernel, x, b, out, config, scales=scales)
+        verdicts = [
+            check(out, reference_product(x, b, scales), x.dtype)
+            for b, out in zip(bs, outs, strict=True)
+        ]
+        if not all(ok for ok, _ in verdicts):
+            return None
+        errors += [err for _, err in verdicts]
+
+        def our_stack(kernel=kernel, outs=outs):
+            for b, out in zip(bs, outs, strict=True):
+                launch(kernel, x, b, out, config, scales=scales)
+
+        stacks.append(our_stack)
     read = stream_reader()
     # the reader takes 16-bit elements: an fp8 weight is read as half as many of them
     flat = [w.reshape(-1).view(torch.int16 if w.element_size() == 1 else w.dtype) for w in weights]
     partials = torch.empty(-(-flat[0].numel() // STREAM_BLOCK), device=device)
     total = torch.empty((), device=device)
-
-    def our_stack():
-        for b, out in zip(bs, ours, strict=True):
-            launch(kernel, x, b, out, config, scales=scales)
 
     def torch_stack():
         for b, out in zip(bs, theirs, strict=True):
@@ -190,14 +212,14 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
                 torch.sum(source, dtype=torch.float32, out=total)
 
     timings = time_in_windows(
-        [our_stack, torch_stack, read_stack],
+        [stacks[0], torch_stack, read_stack, *stacks[1:]],
         window_ms=window_ms,
         rounds=rounds,
         graph=True,
         rotate=True,
     )
-    ours_ms, cublas_ms, read_ms = (t.median_ms / layers for t in timings)
-    moved = gemm_bytes(m, n, k, x.element_size(), ours[0].element_size())
+    ours_ms, cublas_ms, read_ms, *constant_ms = (t.median_ms / layers for t in timings)
+    moved = gemm_bytes(m, n, k, x.element_size(), theirs[0].element_size())
     gbps = moved / (ours_ms * 1e-3) / 1e9
     cublas_gbps = moved / (cublas_ms * 1e-3) / 1e9
     read_gbps = weight_bytes / (read_ms * 1e-3) / 1e9
@@ -227,6 +249,17 @@ def chain_row(row: dict, kernels: dict, reference_gbps: float, window_ms: float,
         "read_bw_fraction": round(read_gbps / reference_gbps, 3),
         "spread": [round(t.spread, 3) for t in timings],
         **({"scaling": problem.scaling, "use_fast_accum": fast} if scales else {}),
+        **(constant_fields(*constant_ms, cublas_ms, moved, reference_gbps) if constant_ms else {}),
+    }
+
+
+def constant_fields(ms: float, cublas_ms: float, moved: int, reference_gbps: float) -> dict:
+    """A row's fields for the binary built for a constant b."""
+    gbps = moved / (ms * 1e-3) / 1e9
+    return {
+        "constant_b_ms": round(ms, 5),
+        "constant_b_ratio": round(cublas_ms / ms, 4),
+        "constant_b_bw_fraction": round(gbps / reference_gbps, 3),
     }
 
 
@@ -241,6 +274,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="compile workers")
     parser.add_argument("--name", help="the results file's name before the GPU and date")
+    parser.add_argument(
+        "--constant-weights",
+        action="store_true",
+        help="also time each row's config built for a constant b (tuned_gemm's constant_b)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -252,10 +290,17 @@ def main(argv: list[str] | None = None) -> Path:
     if not rows:
         raise SystemExit(f"{args.results} has no decode rows of at most {args.max_m} rows")
     reference = measure_bandwidth(device)
-    kernels = compile_configs(rows, device, args.workers)
+    kernels = compile_configs(rows, device, args.workers, args.constant_weights)
     out = []
     for row in rows:
-        result = chain_row(row, kernels, reference.reference_gbps, args.window_ms, args.rounds)
+        result = chain_row(
+            row,
+            kernels,
+            reference.reference_gbps,
+            args.window_ms,
+            args.rounds,
+            args.constant_weights,
+        )
         torch.cuda.empty_cache()
         if result is None:
             print(f"{row['shape']} {row['layout']} {row['config']}: not run", flush=True)
@@ -265,7 +310,13 @@ def main(argv: list[str] | None = None) -> Path:
             f"{row['shape']:18s} {row['layout']} x{result['layers']:<3d} ours "
             f"{result['ours_ms'] * 1e3:7.2f} us {result['bw_fraction']:.2f}  torch "
             f"{result['cublas_ms'] * 1e3:7.2f} us {result['cublas_bw_fraction']:.2f}  read "
-            f"{result['read_bw_fraction']:.2f}  ratio {result['ratio']:.3f}",
+            f"{result['read_bw_fraction']:.2f}  ratio {result['ratio']:.3f}"
+            + (
+                f"  constant b {result['constant_b_ms'] * 1e3:7.2f} us "
+                f"{result['constant_b_bw_fraction']:.2f} ratio {result['constant_b_ratio']:.3f}"
+                if args.constant_weights
+                else ""
+            ),
             flush=True,
         )
     method = (
@@ -283,5 +334,12 @@ def main(argv: list[str] | None = None) -> Path:
         "verified against a float32 reference first; bw_fraction of the GPU's memory bandwidth "
         f"{reference.__dict__} (measure.bandwidth: a sum and a copy over 2 GiB, the faster the "
         "reference), bytes moved = A and B read once, the output written once"
+        + (
+            "; constant_b_*: the same config built for a constant b (the signature's "
+            "constant_b: the kernel's first stages of the weight load before "
+            "griddepcontrol.wait), timed as a fourth graph in the same windows"
+            if args.constant_weights
+            else ""
+        )
     )
     return write_results("decode-chain", method, out, args.out_dir, name=args.name)

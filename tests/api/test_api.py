@@ -447,3 +447,42 @@ def test_no_plan_is_made_inside_a_cuda_graph_capture(dispatcher, monkeypatch, ca
     monkeypatch.setattr(dispatch, "capturing", lambda tensor: False)
     dispatcher.plan(a, b, mode="off")
     assert len(dispatcher.plans) == 1
+
+
+class RecordingKernels:
+    """A kernel cache that records which signatures it is asked for and launches nothing."""
+
+    def __init__(self):
+        self.signatures = []
+
+    def get(self, config, signature):
+        self.signatures.append(signature)
+        return dataclasses.make_dataclass("Kernel", ["launcher"])(launcher=lambda *args: None)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "b_row_major", "constant_b", "loads_early"),
+    [
+        (torch.bfloat16, True, True, True),
+        (torch.bfloat16, True, False, False),
+        # 8-bit MMAs read b K-major: a row-major int8 b is copied before every launch, and the
+        # copy is the kernel right before ours
+        (torch.int8, True, True, False),
+        (torch.int8, False, True, True),
+    ],
+)
+def test_a_constant_b_plan_gets_the_binary_that_loads_b_early(
+    dispatcher, monkeypatch, dtype, b_row_major, constant_b, loads_early
+):
+    _on_a_faked_gpu(monkeypatch, Arch.SM90)
+    kernels = RecordingKernels()
+    monkeypatch.setattr(dispatcher, "_kernels", lambda problem: kernels)
+    monkeypatch.setattr("gemmtune.kernels.launch.launch_args", lambda *args, **kw: ())
+    a = torch.ones(256, 512, dtype=dtype)
+    b = torch.ones(512, 384, dtype=dtype) if b_row_major else torch.ones(384, 512, dtype=dtype).t()
+    plan = dispatcher.plan(a, b, mode="heuristic", constant_b=constant_b)
+    assert plan.config is not None
+    assert [s.constant_b for s in kernels.signatures] == [loads_early]
+    # the flag is part of the plan's key: the other plan is made anew
+    dispatcher.plan(a, b, mode="heuristic", constant_b=not constant_b)
+    assert len(kernels.signatures) == 2

@@ -122,6 +122,56 @@ def test_a_captured_call_replays_as_one_kernel(tmp_path, decomposition):
     assert all(check(out, a.float() @ b.float())[0] for out in outs)
 
 
+#: a decode tile: the weight is the swapped kernel's A
+DECODE_CONFIG = GemmConfig(
+    tile_m=64, tile_n=16, swap_ab=True, schedule="pingpong", stage_k_bytes=256, cluster_m=2
+)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("decomposition", [*sorted(CAPTURED_CONFIGS), "decode"])
+def test_constant_weights_in_a_stack_read_each_input_after_the_layer_before(
+    tmp_path, decomposition, graph
+):
+    """Layers whose input is the output of the layer before, the weights declared constant: a
+    kernel loads its weight before the kernel ahead of it finishes, and its input only after."""
+    config = CAPTURED_CONFIGS.get(decomposition, DECODE_CONFIG)
+    d = _dispatcher(tmp_path, config)
+    rows = 16 if config.swap_ab else 384
+    width = 1536
+    weights = [
+        torch.randn(width, width, device="cuda", dtype=torch.bfloat16) / width**0.5
+        for _ in range(6)
+    ]
+    x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+
+    def layers():
+        outs = [x]
+        for w in weights:
+            outs.append(d.gemm(outs[-1], w.t(), constant_b=True))
+        return outs
+
+    outs = layers()  # plans made eagerly
+    if graph:
+        graph_ = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph_):
+            outs = layers()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        if graph:
+            for out in outs[1:]:
+                out.fill_(float("nan"))
+            graph_.replay()
+        else:
+            outs = layers()
+        torch.cuda.synchronize()
+        for w, given, out in zip(weights, outs, outs[1:], strict=False):
+            ok, err = check(out, given.float() @ w.t().float())
+            assert ok, f"{decomposition}: rel err {err}"
+    (key,) = [k for k in d.plans if isinstance(k, tuple)]
+    assert key[-1] is True  # the plan of a constant b
+
+
 def test_a_graph_keeps_its_workspace_when_the_pool_grows_and_the_first_graph_is_gone(
     tmp_path, monkeypatch
 ):

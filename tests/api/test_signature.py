@@ -78,6 +78,9 @@ def test_call_arguments_join_the_key_only_where_given(signature):
         pytest.skip("covered by the python case")
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     bare = plan_key(a, b, None, None, None, signature)
-    assert plan_key(a, b, None, torch.float32, None, signature) == (bare, torch.float32, None)
-    assert plan_key(a, b, None, None, "tune", signature) == (bare, None, "tune")
+    assert plan_key(a, b, None, torch.float32, None, signature) == (
+        bare, torch.float32, None, False
+    )  # fmt: skip
+    assert plan_key(a, b, None, None, "tune", signature) == (bare, None, "tune", False)
+    assert plan_key(a, b, None, None, None, signature, constant_b=True) == (bare, None, None, True)
     assert plan_key(a, b, torch.empty(4, 4), None, None, signature) != bare

@@ -288,3 +288,22 @@ def test_thread_stores_of_192_row_tiles_to_m_major_outputs_compile(pool):
     ]
     assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
     _check(pool, jobs)
+
+
+@needs_nvdisasm
+def test_constant_b_binaries_compile_without_spills(pool):
+    # swapped or not, multicast of b or of a, every decomposition, fp8: the early loads of
+    # b's first stages and the late ones of a beside the mainloop's (which operand goes
+    # early: `tests/kernels/test_constant_b.py`)
+    fp8 = KernelSignature("e4m3", "bf16", "k", "k", scaling="tensor", constant_b=True)
+    cases = [
+        (GemmConfig(tile_m=64, tile_n=16, cluster_m=4, swap_ab=True, schedule="pingpong",
+                    stage_k_bytes=256), KernelSignature(constant_b=True)),
+        (GemmConfig(tile_m=128, tile_n=16, cluster_m=2, swap_ab=True, schedule="pingpong",
+                    stage_k_bytes=256, decomposition=Decomposition.SPLIT_K, splits=4), fp8),
+        (GemmConfig(tile_m=64, tile_n=48, schedule="pingpong", stage_k_bytes=256,
+                    decomposition=Decomposition.STREAM_K), KernelSignature(constant_b=True)),
+        (GemmConfig(tile_m=128, tile_n=256, cluster_n=2),
+         KernelSignature(b_major="k", constant_b=True)),
+    ]  # fmt: skip
+    _check(pool, [CompileJob(config, signature) for config, signature in cases])

@@ -21,6 +21,7 @@ production), "heuristic" (always the ranking model's first choice), "off" (torch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -107,24 +108,30 @@ def plan_key(
     out_dtype,
     mode: str | None,
     signature: Callable | None = NATIVE_SIGNATURE,
+    constant_b: bool = False,
 ) -> object:
     """What decides a call's plan: the tensors' signature (rank, shapes, strides, dtypes and
     devices: one bytes object where the C `signature` reads them, else a tuple), with the
-    call's `out_dtype` and `mode` where either is given. `dispatch_function` builds the same
-    key inline."""
+    call's `out_dtype`, `mode` and `constant_b` where any is given. `dispatch_function` builds
+    the same key inline."""
     tensors = (a, b) if out is None else (a, b, out)
     key = signature(*tensors) if signature is not None else None
     if key is None:
         key = python_signature(*tensors)
-    return key if out_dtype is None and mode is None else (key, out_dtype, mode)
+    if out_dtype is None and mode is None and not constant_b:
+        return key
+    return (key, out_dtype, mode, constant_b)
 
 
-def scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> tuple:
+def scaled_plan_key(
+    a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False
+) -> tuple:
     """What decides a scaled (fp8) call's plan: the operands' and scales' shapes, strides and
     dtypes, the device and the call's arguments."""
     return (
         a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
         scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
+        constant_b,
     )  # fmt: skip
 
 
@@ -167,19 +174,22 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
+        constant_b: bool = False,
     ) -> torch.Tensor:
         """`a @ b` (2-D, or batched 3-D), by the best kernel for the problem on this GPU.
 
         On the first call for a problem's bucket it tunes (mode "tune"), then caches;
         afterwards it dispatches. What our kernels do not serve goes to torch.matmul; wrong
-        calls raise.
+        calls raise. `constant_b`: no kernel launched right before this call on the stream
+        writes `b` (a weight during inference); our Hopper kernels then start loading `b`
+        while that kernel finishes.
         """
         key = signature(a, b) if out is None else signature(a, b, out)
         if key is None:
             key = python_signature(a, b, out)
-        if out_dtype is not None or mode is not None:
-            key = (key, out_dtype, mode)
-        plan = plans.get(key) or new_plan(key, a, b, out, out_dtype, mode)
+        if out_dtype is not None or mode is not None or constant_b:
+            key = (key, out_dtype, mode, constant_b)
+        plan = plans.get(key) or new_plan(key, a, b, out, out_dtype, mode, constant_b)
         launcher = plan.launcher
         if launcher is None:
             if out is None and out_dtype is None:
@@ -187,7 +197,7 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
             return fallback_matmul(a, b, out, out_dtype)
         # our kernels record no gradient: a call that wants one goes through the op that does
         if (a.requires_grad or b.requires_grad) and is_grad_enabled():
-            return with_autograd(a, b, out, out_dtype)
+            return with_autograd(a, b, out, out_dtype, constant_b)
         # The plan was made for these strides, dtypes and devices; a call whose pointers break
         # the alignment it assumes goes where torch decides.
         if (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES:
@@ -206,7 +216,11 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
 
 
 def with_autograd(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, out_dtype: torch.dtype | None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    out_dtype: torch.dtype | None,
+    constant_b: bool = False,
 ) -> torch.Tensor:
     """`a @ b` where autograd must record it and our kernel would serve: through
     `torch.ops.gemmtune.mm`, whose forward is the same kernel (run with grad mode off) and whose
@@ -216,7 +230,7 @@ def with_autograd(
         return fallback_matmul(a, b, out, out_dtype)
     from gemmtune.api.torch_ops import mm
 
-    return mm(a, b, out_dtype)
+    return mm(a, b, out_dtype, constant_b)
 
 
 def capturing(a: torch.Tensor) -> bool:
@@ -263,8 +277,9 @@ class Dispatcher:
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
+        constant_b: bool = False,
     ) -> torch.Tensor:
-        return self.gemm(a, b, out=out, out_dtype=out_dtype, mode=mode)
+        return self.gemm(a, b, out=out, out_dtype=out_dtype, mode=mode, constant_b=constant_b)
 
     def plan(
         self,
@@ -273,13 +288,16 @@ class Dispatcher:
         out: torch.Tensor | None = None,
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
+        constant_b: bool = False,
     ) -> Plan:
         """How `a @ b` is computed (found once per tensor signature, tuning if the mode says
         so): a `Plan` whose `config` is None where torch.matmul serves, with the reason."""
-        key = plan_key(a, b, out, out_dtype, mode, self.signature)
-        return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode)
+        key = plan_key(a, b, out, out_dtype, mode, self.signature, constant_b)
+        return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode, constant_b)
 
-    def new_plan(self, key: object, a, b, out, out_dtype, mode: str | None) -> Plan:
+    def new_plan(
+        self, key: object, a, b, out, out_dtype, mode: str | None, constant_b: bool = False
+    ) -> Plan:
         """Make, keep and return the plan of a call whose key `plans` lacks. During a CUDA
         graph capture none is made: tuning, loading a kernel and allocating its workspace
         cannot be captured, so torch serves the call (captured as torch's kernel) and the
@@ -293,7 +311,7 @@ class Dispatcher:
             problem = GemmProblem.from_tensors(a, b, out, out_dtype)
             if problem.supported:
                 scales = unit_scales(a.device) if problem.scaling else ()
-                plan = self._kernel_plan(problem, resolved, scales)
+                plan = self._kernel_plan(problem, resolved, scales, constant_b)
             else:
                 plan = Plan(None, (), None, reason=problem.fallback_reason)
                 reason = problem.fallback_reason
@@ -319,9 +337,13 @@ class Dispatcher:
         plan.torch_op = torch_op(a, b)
         return plan
 
-    def _kernel_plan(self, problem: GemmProblem, mode: str, scales: tuple = ()) -> Plan:
+    def _kernel_plan(
+        self, problem: GemmProblem, mode: str, scales: tuple = (), constant_b: bool = False
+    ) -> Plan:
         """The plan of a problem our kernels serve; a scaled (fp8) kernel's `scales` (TVM-FFI
-        tensors) are bound into its arguments, for tuned_gemm's unit scales."""
+        tensors) are bound into its arguments, for tuned_gemm's unit scales. A `constant_b`
+        call gets the binary that loads b early, unless b is copied before each launch (the
+        copy is then the kernel before ours, and writes what ours reads)."""
         from gemmtune.kernels.launch import launch_args
         from gemmtune.kernels.signature import KernelSignature
 
@@ -336,7 +358,10 @@ class Dispatcher:
             return Plan(None, (), None, reason=reason)
         from gemmtune.kernels.transpose import copying_launcher
 
-        kernel = self._kernels(problem).get(config, KernelSignature.of(problem))
+        signature = KernelSignature.of(problem)
+        if constant_b and "b" not in problem.copied:
+            signature = dataclasses.replace(signature, constant_b=True)
+        kernel = self._kernels(problem).get(config, signature)
         launcher = kernel.launcher
         if problem.copied:
             launcher = copying_launcher(launcher, problem.copied)
@@ -390,6 +415,7 @@ class Dispatcher:
         scale_b: torch.Tensor,
         out_dtype: torch.dtype | None,
         use_fast_accum: bool,
+        constant_b: bool = False,
     ) -> torch.Tensor:
         """`torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=..., use_fast_accum=...)` by our
         kernels where they serve it (without fast accumulation, a kernel that promotes each
@@ -397,14 +423,14 @@ class Dispatcher:
         torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
         it; its plan serves the calls after."""
         device = a.get_device()
-        key = scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+        key = scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
         plan = self.plans.get(key)
         options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
         if plan is None:
             result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
             if not capturing(a):  # as `new_plan`: no plan is made inside a capture
                 self.plans[key] = self._scaled_plan(
-                    a, b, scale_a, scale_b, out_dtype, use_fast_accum
+                    a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b
                 )  # fmt: skip
             return result
         if (
@@ -424,14 +450,23 @@ class Dispatcher:
         return out
 
     def scaled_plan(
-        self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool = True
+        self,
+        a,
+        b,
+        scale_a,
+        scale_b,
+        out_dtype,
+        use_fast_accum: bool = True,
+        constant_b: bool = False,
     ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
         return self.plans.get(
-            scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+            scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
         )  # fmt: skip
 
-    def _scaled_plan(self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool) -> Plan:
+    def _scaled_plan(
+        self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False
+    ) -> Plan:
         """The plan of a scaled product torch has accepted: our kernel where one serves it."""
         m, n = a.shape[0], b.shape[1]
         if scale_a.numel() == 1 and scale_b.numel() == 1:
@@ -450,7 +485,7 @@ class Dispatcher:
         )
         if resolved == "off" or not problem.supported:
             return Plan(None, (), None, reason=problem.fallback_reason or "mode off")
-        return self._kernel_plan(problem, resolved)
+        return self._kernel_plan(problem, resolved, constant_b=constant_b)
 
     def tune(self, problem: GemmProblem, **options) -> object:
         """Tune `problem` now (whatever the cache holds), store the result for its bucket and
@@ -494,6 +529,8 @@ def scaled_mm(
     scale_result: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     use_fast_accum: bool = False,
+    *,
+    constant_b: bool = False,
 ) -> torch.Tensor:
     """`torch._scaled_mm`: `(a @ b) * scale_a * scale_b` of an fp8 (m, k) and (k, n) matrix (a
     row-major, b column-major), scaled per tensor (one-element scales) or per row of a and
@@ -501,7 +538,8 @@ def scaled_mm(
     a 16- or 32-bit output, without bias or `scale_result`: with `use_fast_accum=True` they sum
     on the tensor cores, whose fp32 accumulators keep fewer bits; without, they add each
     128-element k-tile's partial sums into full fp32 registers (as cuBLAS does). torch serves
-    every other call, and checks each call as it checks its own."""
+    every other call, and checks each call as it checks its own. `constant_b` is tuned_gemm's
+    (not torch's): no kernel launched right before the call writes `b`."""
     if (
         bias is not None
         or scale_result is not None
@@ -519,7 +557,7 @@ def scaled_mm(
             out_dtype=out_dtype,
             use_fast_accum=use_fast_accum,
         )
-    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype, use_fast_accum)
+    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
 
 
 def plan(
@@ -529,8 +567,9 @@ def plan(
     out: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     mode: str | None = None,
+    constant_b: bool = False,
 ) -> Plan:
     """How `tuned_gemm` computes `a @ b` with these arguments: the `Plan` a call makes (tuning
     first in mode "tune" where the cache lacks the bucket), whose `config` is the kernel that
     runs, or None with the `reason` torch serves."""
-    return DISPATCHER.plan(a, b, out, out_dtype, mode)
+    return DISPATCHER.plan(a, b, out, out_dtype, mode, constant_b)

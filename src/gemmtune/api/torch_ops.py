@@ -1,7 +1,8 @@
 """tuned_gemm inside torch: the custom ops `gemmtune::mm`, `gemmtune::int_mm` and
 `gemmtune::scaled_mm`, and linear layers that use the first.
 
-`torch.ops.gemmtune.mm(a, b, out_dtype=None)` is `tuned_gemm(a, b, out_dtype=...)` as an
+`torch.ops.gemmtune.mm(a, b, out_dtype=None, constant_b=False)` is
+`tuned_gemm(a, b, out_dtype=..., constant_b=...)` as an
 opaque op: `torch.compile` traces it through its fake implementation (shapes and dtypes only)
 and calls the real one at run time, so a compiled model keeps our kernels. Its gradient is two
 more `gemmtune::mm` calls (`grad @ b^T`, `a^T @ grad`: transposed views, which our kernels
@@ -15,7 +16,12 @@ from torch import nn
 
 
 @torch.library.custom_op("gemmtune::mm", mutates_args=())
-def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    constant_b: bool = False,
+) -> torch.Tensor:
     """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
     if not (a.is_cuda and b.is_cuda):
         from gemmtune.core.problem import fallback_matmul
@@ -25,11 +31,16 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -
         tuned_gemm,  # the op is registered at `import gemmtune`, cheaply
     )
 
-    return tuned_gemm(a, b, out_dtype=out_dtype)
+    return tuned_gemm(a, b, out_dtype=out_dtype, constant_b=constant_b)
 
 
 @mm.register_fake
-def _(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    constant_b: bool = False,
+) -> torch.Tensor:
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise ValueError("gemmtune::mm takes 2-D or 3-D tensors")
     if a.shape[-1] != b.shape[-2]:
@@ -42,7 +53,7 @@ def _(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) ->
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    a, b, _ = inputs
+    a, b, *_ = inputs
     ctx.save_for_backward(a, b)
 
 
@@ -55,7 +66,7 @@ def _backward(ctx, grad: torch.Tensor):
         grad_b = mm(a.transpose(-1, -2), grad)
         if b.dim() == 2 and grad_b.dim() == 3:  # b was broadcast over the batch
             grad_b = grad_b.sum(0)
-    return grad_a, grad_b, None
+    return grad_a, grad_b, None, None
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)
@@ -90,12 +101,14 @@ def scaled_mm(
     scale_result: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     use_fast_accum: bool = False,
+    constant_b: bool = False,
 ) -> torch.Tensor:
     """`torch._scaled_mm` by `gemmtune.scaled_mm`: fp8 (m, k) @ (k, n), scaled, as out_dtype."""
     from gemmtune.api.dispatch import scaled_mm as tuned_scaled_mm
 
     return tuned_scaled_mm(
-        a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum
+        a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
+        constant_b=constant_b,
     )  # fmt: skip
 
 
@@ -109,6 +122,7 @@ def _(
     scale_result: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     use_fast_accum: bool = False,
+    constant_b: bool = False,
 ) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError("gemmtune::scaled_mm takes two 2-D tensors, as torch._scaled_mm does")
@@ -119,17 +133,20 @@ def _(
 
 class TunedLinear(nn.Module):
     """An `nn.Linear` whose product runs through `gemmtune::mm`; it shares the original
-    layer's parameters (the state dict is unchanged)."""
+    layer's parameters (the state dict is unchanged). `constant_weight`: the weight does not
+    change while the model runs (inference), so its loads may start before the kernel ahead
+    of the product finishes (`tuned_gemm`'s `constant_b`)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, constant_weight: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.constant_weight = constant_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        y = mm(rows, self.weight.t())
+        y = mm(rows, self.weight.t(), None, self.constant_weight)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -138,15 +155,17 @@ class TunedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, tuned"
 
 
-def use_tuned_linear(model: nn.Module) -> int:
+def use_tuned_linear(model: nn.Module, constant_weights: bool = False) -> int:
     """Swap every `nn.Linear` inside `model` for a `TunedLinear` (in place, parameters shared);
     returns how many were swapped. Products our kernels do not serve (a GPU or dtype they do
-    not run on) still go to torch.matmul, inside tuned_gemm."""
+    not run on) still go to torch.matmul, inside tuned_gemm. `constant_weights`, for a model
+    that only runs inference: no kernel writes a weight right before the layer reads it (an
+    optimizer step does), so the layers' weight loads may start early."""
     swapped = 0
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, TunedLinear(child))
+            setattr(model, name, TunedLinear(child, constant_weights))
             swapped += 1
         else:
-            swapped += use_tuned_linear(child)
+            swapped += use_tuned_linear(child, constant_weights)
     return swapped

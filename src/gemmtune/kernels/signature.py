@@ -45,6 +45,10 @@ class KernelSignature:
     #: the output suits TMA (16-byte aligned base and strides); a binary for an output that does
     #: not assumes only element alignment and stores directly
     out_aligned: bool = True
+    #: b is not written by the kernel launched before ours on the stream (a layer's weight
+    #: during inference): a Hopper binary loads its first stages of b before waiting for that
+    #: kernel to finish. Blackwell binaries ignore it.
+    constant_b: bool = False
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
@@ -142,11 +146,12 @@ class KernelSignature:
     def key(self) -> str:
         """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out), with
         fp8's types, scaling and promotion: `e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted`, and
-        `_unaligned` for an output TMA cannot store to."""
+        `_unaligned` for an output TMA cannot store to, `_constb` for a constant b."""
         rank = "3d" if self.batched else "2d"
         majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
         inputs = f"{self.ab_dtype}x{self.b_dtype}" if self.b_dtype else self.ab_dtype
         scaling = f"_{self.scaling}" if self.scaling else ""
         promoted = "_promoted" if self.promoted else ""
         unaligned = "" if self.out_aligned else "_unaligned"
-        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}{unaligned}"
+        constant = "_constb" if self.constant_b else ""
+        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}{unaligned}{constant}"

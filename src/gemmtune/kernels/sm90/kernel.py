@@ -58,6 +58,11 @@ class HopperGemm:
         self.config = config
         self.signature = signature
         self.dependent_launch = dependent_launch
+        # torch's b (a swapped kernel's A) where no kernel before ours writes it: its first
+        # stages load while that kernel finishes (`mainloop.produce`)
+        self.early_operand = None
+        if signature.constant_b and dependent_launch:
+            self.early_operand = "a" if config.swap_ab else "b"
         self.cooperative = config.schedule is Schedule.COOPERATIVE
         self.tile_shape_mnk = (
             config.tile_m,
@@ -367,8 +372,6 @@ class HopperGemm:
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(self.producer_registers)
             if warp_idx == 0:
-                if cutlass.const_expr(self.dependent_launch):
-                    cute.arch.griddepcontrol_wait()
                 mainloop.produce(
                     ab_pipeline,
                     scheduler,
@@ -384,6 +387,8 @@ class HopperGemm:
                     self.mcast_a,
                     self.mcast_b,
                     self.ab_stages,
+                    self.dependent_launch,
+                    self.early_operand,
                 )
         else:
             cute.arch.setmaxregister_increase(self.consumer_registers)

@@ -30,18 +30,47 @@ def produce(
     a_multicast: cutlass.Constexpr,
     b_multicast: cutlass.Constexpr,
     num_stages: cutlass.Constexpr,
+    dependent_launch: cutlass.Constexpr,
+    early_operand: cutlass.Constexpr = None,
 ):
-    """Load the k-tiles of every item of this CTA's cluster, in order; run by one warp."""
+    """Load the k-tiles of every item of this CTA's cluster, in order; run by one warp.
+
+    With `dependent_launch` the loads wait until the kernel before ours has finished
+    (`griddepcontrol.wait`). `early_operand` ("a" or "b": an operand no kernel before ours
+    writes) is loaded into the first item's first stages before that wait, the other operand
+    after it."""
     state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
     cluster = cluster_index()
     position = scheduler.first_position(cluster)
+    early = Int32(0)
+    if cutlass.const_expr(early_operand is not None):
+        # names of their own: the DSL carries a name assigned before the loop below into it
+        first_unit, first_k, first_end, *_ = scheduler.item(position, cluster)
+        first_m, first_n, first_batch = scheduler.tile_of_unit(first_unit, cta_in_cluster)
+        early_loads = (tma_atom_a, tAgA[(None, first_m, None, first_batch)], tAsA, a_mcast_mask)
+        late_loads = (tma_atom_b, tBgB[(None, first_n, None, first_batch)], tBsB, b_mcast_mask)
+        if cutlass.const_expr(early_operand == "b"):
+            early_loads, late_loads = late_loads, early_loads
+        has_item = Int32(scheduler.valid(position, cluster))
+        early = cutlass.min(first_end - first_k, num_stages) * has_item
+        for i in range(early):
+            ab_pipeline.producer_acquire(state)
+            _load(early_loads, first_k + i, state.index, ab_pipeline.producer_get_barrier(state))
+            state.advance()
+    if cutlass.const_expr(dependent_launch):
+        cute.arch.griddepcontrol_wait()
+    if cutlass.const_expr(early_operand is not None):
+        armed = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, num_stages)
+        for i in range(early):
+            _load(late_loads, first_k + i, armed.index, ab_pipeline.producer_get_barrier(armed))
+            armed.advance()
     while scheduler.valid(position, cluster):
         unit, k_begin, k_end, *_, next_position = scheduler.item(position, cluster)
         tile_m, tile_n, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
         tAgA_tile = tAgA[(None, tile_m, None, batch)]
         tBgB_tile = tBgB[(None, tile_n, None, batch)]
         empty = ab_pipeline.producer_try_acquire(state)
-        for k_tile in range(k_begin, k_end):
+        for k_tile in range(k_begin + early, k_end):
             # waits for the stage to be empty (unless the early test saw it so), then arms its
             # full barrier with the byte count
             ab_pipeline.producer_acquire(state, empty)
@@ -63,8 +92,17 @@ def produce(
             if k_tile + 1 < k_end:
                 empty = ab_pipeline.producer_try_acquire(state)
         position = next_position
+        early = Int32(0)
     # do not exit while peers may still arrive on this CTA's empty barriers
     ab_pipeline.producer_tail(state)
+
+
+@cute.jit
+def _load(loads: tuple, k_tile: Int32, stage: Int32, full):
+    """One operand's k-tile `k_tile` into `stage`: `loads` is (TMA atom, the tile's k-tiles in
+    global memory, the stages, multicast mask)."""
+    atom, tiles, stages, mask = loads
+    cute.copy(atom, tiles[(None, k_tile)], stages[(None, stage)], tma_bar_ptr=full, mcast_mask=mask)
 
 
 @cute.jit
