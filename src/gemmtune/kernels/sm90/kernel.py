@@ -367,8 +367,9 @@ class HopperGemm:
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_shape_mn)
 
         # With programmatic dependent launch everything above overlaps the tail of the kernel
-        # before ours in the stream, and every warp that touches global memory waits here
-        # until that kernel has finished and its writes are visible.
+        # before ours in the stream, and every warp that touches global memory waits until
+        # that kernel has finished and its writes are visible: the consumers here, the
+        # producer in `mainloop.produce` (after its early loads of a constant b).
         if warp_group == 0:
             cute.arch.setmaxregister_decrease(self.producer_registers)
             if warp_idx == 0:
