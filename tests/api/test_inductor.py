@@ -120,3 +120,41 @@ def test_cuda_scaled_mm_of_fp8_goes_to_the_gemmtune_op_with_its_arguments():
     assert rewrite_gemms(graph) == 1
     assert targets(graph) == [torch.ops.gemmtune.scaled_mm.default]
     assert call.kwargs == kwargs and call.args == tuple(nodes)
+
+
+def test_a_constant_b_of_the_graph_is_passed_as_constant_b():
+    """A weight frozen into the graph (a get_attr, here seen through its transpose) is a
+    constant b; a placeholder (a parameter the caller may change) is not."""
+    bf16 = torch.bfloat16
+    graph = torch.fx.Graph()
+    owner = torch.nn.Module()
+    mode = FakeTensorMode()
+    with mode:
+        x = torch.empty(8, 16, dtype=bf16, device="cuda")
+        frozen = torch.empty(4, 16, dtype=bf16, device="cuda")
+        bias = torch.empty(4, dtype=bf16, device="cuda")
+    owner.frozen = torch.nn.Parameter(torch.empty(4, 16, dtype=bf16), requires_grad=False)
+    inputs = graph.placeholder("x")
+    inputs.meta["val"] = x
+    given = graph.placeholder("w")
+    given.meta["val"] = frozen.t()
+    weight = graph.get_attr("frozen")
+    weight.meta["val"] = frozen
+    bias_node = graph.placeholder("bias")
+    bias_node.meta["val"] = bias
+    transposed = graph.call_function(aten.t.default, (weight,))
+    transposed.meta["val"] = frozen.t()
+    calls = [
+        graph.call_function(aten.mm.default, (inputs, transposed)),
+        graph.call_function(aten.mm.default, (inputs, given)),
+        graph.call_function(aten.addmm.default, (bias_node, inputs, transposed)),
+    ]
+    with mode:
+        for call in calls:
+            call.meta["val"] = call.target(*(a.meta["val"] for a in call.args))
+    graph.output(tuple(calls))
+    assert rewrite_gemms(graph) == 3
+    mm = torch.ops.gemmtune.mm.default
+    products = [n for n in graph.nodes if n.target is mm]
+    assert [n.args[3:] for n in products] == [(True,), (), (True,)]
+    torch.fx.GraphModule(owner, graph).graph.lint()

@@ -50,3 +50,39 @@ def test_compiled_gemms_run_through_gemmtune(monkeypatch, inductor_post_pass):
         err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
         assert err < tolerance(bf16)
     assert torch.equal(got[2], expected[2])
+
+
+def test_a_frozen_models_weights_are_constant_bs(monkeypatch, inductor_post_pass):
+    """Compiled with freezing, an inference model's weights are constants of the graph: its
+    products go to tuned_gemm as constant_b and compute what the model computes."""
+    import torch._inductor.config as inductor_config
+
+    from gemmtune.api import dispatch
+
+    monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    flags = []
+    real = dispatch.tuned_gemm
+    monkeypatch.setattr(
+        dispatch,
+        "tuned_gemm",
+        lambda *args, **kw: flags.append(kw.get("constant_b", False)) or real(*args, **kw),
+    )
+    gemmtune.install_inductor_pass()
+    torch._dynamo.reset()
+    bf16 = torch.bfloat16
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(512, 768, bias=False), torch.nn.SiLU(), torch.nn.Linear(768, 256)
+        )
+        .to("cuda", bf16)
+        .eval()
+    )
+    x = torch.randn(16, 512, device="cuda", dtype=bf16)
+    with torch.no_grad():
+        got = torch.compile(model)(x)
+        expected = model(x)
+    torch._dynamo.reset()
+    assert flags == [True, True], flags
+    err = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert err < tolerance(bf16)

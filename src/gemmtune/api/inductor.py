@@ -12,6 +12,11 @@ on CUDA int8 into `gemmtune::int_mm`, and `aten._scaled_mm` on CUDA fp8 into
 `tuned_gemm`, `int_mm` and `scaled_mm`, whose plans are made and cached per shape, and which
 hand what our kernels do not serve (a layout, an alignment, a bias) to torch. Scaled or
 weighted addmm (`alpha`, `beta` other than 1) and other dtypes stay Inductor's.
+
+A `b` that is a constant of the graph (a `get_attr`, seen through views: what
+`torch._inductor.config.freezing` makes of an inference model's parameters, whose values the
+user has promised not to change) is passed as `constant_b`, so its loads start while the
+kernel ahead finishes (`tuned_gemm`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ def _ours(a: object, b: object, dtypes: tuple[torch.dtype, ...], mixed: bool = F
     )
 
 
+#: ops that only view their first argument: a constant seen through them is still one
+VIEWS = (
+    aten.t.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+)
+
+
+def constant_source(node: object) -> bool:
+    """Whether graph value `node` is a graph constant (a `get_attr`), through views."""
+    while getattr(node, "op", None) == "call_function" and node.target in VIEWS:
+        node = node.args[0]
+    return getattr(node, "op", None) == "get_attr"
+
+
 def rewrite_gemms(graph: torch.fx.Graph) -> int:
     """Rewrite `graph`'s mm, bmm, addmm, _int_mm and _scaled_mm calls that gemmtune takes (see
     the module's docstring); the number rewritten."""
@@ -60,6 +84,8 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
         if node.target in (aten.mm.default, aten.bmm.default):
             if _ours(*node.args[:2], FLOAT_INPUTS):
                 node.target = mm
+                if constant_source(node.args[1]):
+                    node.args = (*node.args[:2], None, True)
                 rewritten += 1
         elif node.target is aten._int_mm.default:
             if _ours(*node.args[:2], (torch.int8,)):
@@ -69,13 +95,16 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
             # fp8 scaled products, A's and B's types apart (e4m3 with e5m2)
             if _ours(*node.args[:2], FP8_DTYPES, mixed=True):
                 node.target = scaled_mm  # the same arguments: calls ours does not serve go on
+                if constant_source(node.args[1]):
+                    node.kwargs = {**node.kwargs, "constant_b": True}
                 rewritten += 1
         elif node.target is aten.addmm.default:
             bias, a, b = node.args[:3]
             weighted = node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
             if not weighted and _ours(a, b, FLOAT_INPUTS):
                 with graph.inserting_before(node):
-                    product = graph.call_function(mm, (a, b))
+                    args = (a, b, None, True) if constant_source(b) else (a, b)
+                    product = graph.call_function(mm, args)
                     total = graph.call_function(aten.add.Tensor, (product, bias))
                 product.meta["val"] = node.meta["val"]  # (m, n) of the output dtype, contiguous
                 total.meta["val"] = node.meta["val"]
