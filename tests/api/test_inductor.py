@@ -152,9 +152,23 @@ def test_a_constant_b_of_the_graph_is_passed_as_constant_b():
     with mode:
         for call in calls:
             call.meta["val"] = call.target(*(a.meta["val"] for a in call.args))
-    graph.output(tuple(calls))
-    assert rewrite_gemms(graph) == 3
+    with mode:
+        q = torch.empty(32, 16, dtype=torch.int8, device="cuda")
+        frozen_q = torch.empty(8, 16, dtype=torch.int8, device="cuda")
+    owner.frozen_q = torch.nn.Parameter(torch.empty(8, 16, dtype=torch.int8), requires_grad=False)
+    q_node = graph.placeholder("q")
+    q_node.meta["val"] = q
+    q_weight = graph.get_attr("frozen_q")
+    q_weight.meta["val"] = frozen_q
+    q_t = graph.call_function(aten.t.default, (q_weight,))
+    q_t.meta["val"] = frozen_q.t()
+    integer = graph.call_function(aten._int_mm.default, (q_node, q_t))
+    with mode:
+        integer.meta["val"] = aten._int_mm.default(q, frozen_q.t())
+    graph.output((*calls, integer))
+    assert rewrite_gemms(graph) == 4
     mm = torch.ops.gemmtune.mm.default
     products = [n for n in graph.nodes if n.target is mm]
     assert [n.args[3:] for n in products] == [(True,), (), (True,)]
+    assert integer.target is torch.ops.gemmtune.int_mm.default and integer.args[2:] == (True,)
     torch.fx.GraphModule(owner, graph).graph.lint()

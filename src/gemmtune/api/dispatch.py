@@ -499,11 +499,12 @@ DISPATCHER = Dispatcher()
 tuned_gemm = DISPATCHER.gemm
 
 
-def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def int_mm(a: torch.Tensor, b: torch.Tensor, *, constant_b: bool = False) -> torch.Tensor:
     """`torch._int_mm(a, b)`: the exact int32 product of an (m, k) and a (k, n) int8 matrix, by
     our kernels where they serve it (a row-major, b column-major: `x @ w.t()` of a row-major
     weight), else by torch. A call torch._int_mm refuses (not 2-D int8 CUDA matrices, m of 16
-    or less, k or n not a multiple of 8, mismatched k) goes to it, to fail as it fails."""
+    or less, k or n not a multiple of 8, mismatched k) goes to it, to fail as it fails.
+    `constant_b` is `tuned_gemm`'s (torch has none)."""
     if not (
         isinstance(a, torch.Tensor)
         and isinstance(b, torch.Tensor)
@@ -517,7 +518,7 @@ def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         and b.shape[1] % 8 == 0
     ):
         return torch._int_mm(a, b)
-    return tuned_gemm(a, b)
+    return tuned_gemm(a, b, constant_b=constant_b)
 
 
 def scaled_mm(

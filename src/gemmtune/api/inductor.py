@@ -90,6 +90,8 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
         elif node.target is aten._int_mm.default:
             if _ours(*node.args[:2], (torch.int8,)):
                 node.target = int_mm
+                if constant_source(node.args[1]):
+                    node.args = (*node.args[:2], True)
                 rewritten += 1
         elif node.target is aten._scaled_mm.default:
             # fp8 scaled products, A's and B's types apart (e4m3 with e5m2)

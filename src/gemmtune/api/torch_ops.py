@@ -73,17 +73,17 @@ mm.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("gemmtune::int_mm", mutates_args=())
-def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def int_mm(a: torch.Tensor, b: torch.Tensor, constant_b: bool = False) -> torch.Tensor:
     """`torch._int_mm(a, b)` by `gemmtune.int_mm`: int8 (m, k) @ (k, n) -> int32, exact."""
     if not (a.is_cuda and b.is_cuda):
         return torch._int_mm(a, b)
     from gemmtune.api.dispatch import int_mm as tuned_int_mm
 
-    return tuned_int_mm(a, b)
+    return tuned_int_mm(a, b, constant_b=constant_b)
 
 
 @int_mm.register_fake
-def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _(a: torch.Tensor, b: torch.Tensor, constant_b: bool = False) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.dtype != torch.int8 or b.dtype != torch.int8:
         raise ValueError("gemmtune::int_mm takes two 2-D int8 tensors, as torch._int_mm does")
     if a.shape[1] != b.shape[0]:
