@@ -111,3 +111,22 @@ def test_an_int8_bucket_tunes_to_a_verified_kernel(tmp_path):
     result = tune(a, w.t(), top_k=6, kernel_dir=tmp_path, progress=False, cublas=True)
     assert result.best is not None and not result.failures, result.failures
     assert result.reference_error == 0.0
+
+
+def test_constant_int8_weights_in_a_stack_stay_exact(monkeypatch):
+    """Layers of int8 weights declared constant, each input written by the kernel before (the
+    int32 product of the layer before, clamped to int8): every product bit for bit."""
+    import gemmtune
+
+    monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
+    weights = [randint8(4096, 4096) for _ in range(4)]
+    x = randint8(32, 4096)
+    inputs, outputs = [], []
+    for w in weights:
+        inputs.append(x)
+        outputs.append(gemmtune.int_mm(x, w.t(), constant_b=True))
+        x = (outputs[-1] >> 16).clamp(-128, 127).to(torch.int8)
+    torch.cuda.synchronize()
+    assert gemmtune.plan(inputs[0], weights[0].t(), constant_b=True).config is not None
+    for given, w, out in zip(inputs, weights, outputs, strict=True):
+        assert torch.equal(out, exact(given, w.t()))
