@@ -125,46 +125,42 @@ def test_cuda_scaled_mm_of_fp8_goes_to_the_gemmtune_op_with_its_arguments():
 def test_a_constant_b_of_the_graph_is_passed_as_constant_b():
     """A weight frozen into the graph (a get_attr, here seen through its transpose) is a
     constant b; a placeholder (a parameter the caller may change) is not."""
-    bf16 = torch.bfloat16
+    bf16, i8 = torch.bfloat16, torch.int8
     graph = torch.fx.Graph()
     owner = torch.nn.Module()
     mode = FakeTensorMode()
-    with mode:
-        x = torch.empty(8, 16, dtype=bf16, device="cuda")
-        frozen = torch.empty(4, 16, dtype=bf16, device="cuda")
-        bias = torch.empty(4, dtype=bf16, device="cuda")
-    owner.frozen = torch.nn.Parameter(torch.empty(4, 16, dtype=bf16), requires_grad=False)
-    inputs = graph.placeholder("x")
-    inputs.meta["val"] = x
-    given = graph.placeholder("w")
-    given.meta["val"] = frozen.t()
-    weight = graph.get_attr("frozen")
-    weight.meta["val"] = frozen
-    bias_node = graph.placeholder("bias")
-    bias_node.meta["val"] = bias
-    transposed = graph.call_function(aten.t.default, (weight,))
-    transposed.meta["val"] = frozen.t()
+
+    def valued(node, value=None):
+        """`node` carrying its fake value: given, or its call's on its arguments' values."""
+        if value is None:
+            with mode:
+                value = node.target(*(a.meta["val"] for a in node.args))
+        node.meta["val"] = value
+        return node
+
+    def fake(*shape, dtype=bf16):
+        with mode:
+            return torch.empty(*shape, dtype=dtype, device="cuda")
+
+    def frozen(name, *shape, dtype=bf16):
+        """A weight of the graph's module, and its transpose."""
+        setattr(owner, name, torch.nn.Parameter(torch.empty(*shape, dtype=dtype), False))
+        weight = valued(graph.get_attr(name), fake(*shape, dtype=dtype))
+        return valued(graph.call_function(aten.t.default, (weight,)))
+
+    x = valued(graph.placeholder("x"), fake(8, 16))
+    given = valued(graph.placeholder("w"), fake(4, 16).t())
+    bias = valued(graph.placeholder("bias"), fake(4))
+    q = valued(graph.placeholder("q"), fake(32, 16, dtype=i8))
+    transposed = frozen("frozen", 4, 16)
     calls = [
-        graph.call_function(aten.mm.default, (inputs, transposed)),
-        graph.call_function(aten.mm.default, (inputs, given)),
-        graph.call_function(aten.addmm.default, (bias_node, inputs, transposed)),
+        valued(graph.call_function(aten.mm.default, (x, transposed))),
+        valued(graph.call_function(aten.mm.default, (x, given))),
+        valued(graph.call_function(aten.addmm.default, (bias, x, transposed))),
     ]
-    with mode:
-        for call in calls:
-            call.meta["val"] = call.target(*(a.meta["val"] for a in call.args))
-    with mode:
-        q = torch.empty(32, 16, dtype=torch.int8, device="cuda")
-        frozen_q = torch.empty(8, 16, dtype=torch.int8, device="cuda")
-    owner.frozen_q = torch.nn.Parameter(torch.empty(8, 16, dtype=torch.int8), requires_grad=False)
-    q_node = graph.placeholder("q")
-    q_node.meta["val"] = q
-    q_weight = graph.get_attr("frozen_q")
-    q_weight.meta["val"] = frozen_q
-    q_t = graph.call_function(aten.t.default, (q_weight,))
-    q_t.meta["val"] = frozen_q.t()
-    integer = graph.call_function(aten._int_mm.default, (q_node, q_t))
-    with mode:
-        integer.meta["val"] = aten._int_mm.default(q, frozen_q.t())
+    integer = valued(
+        graph.call_function(aten._int_mm.default, (q, frozen("frozen_q", 8, 16, dtype=i8)))
+    )
     graph.output((*calls, integer))
     assert rewrite_gemms(graph) == 4
     mm = torch.ops.gemmtune.mm.default
