@@ -1,12 +1,15 @@
 """Pretuning a model's buckets on one GPU and on several: wall time and speedup.
 
 Per GPU count (1, then every GPU of `--gpus`), one `gemmtune pretune --model-config ... --json`
-in a new process with an empty cache folder (nothing compiled or tuned before): the Llama-3 8B
-o and qkv projections at batch sizes 1-128 (16 buckets by default). Rows: `buckets`, `gpus`,
-`wall_s` (the command's, from start to exit: imports, workers, tuning, the records' exchange),
-`s_per_bucket`, `speedup_vs_1gpu` (one GPU's wall time over this one's).
+in a new process with an empty cache folder (nothing compiled or tuned before): projections of a
+Llama-3 8B layer (`--projections`, by default o and qkv) at the batch sizes given (by default
+1-128: 16 decode buckets; the whole layer at 1, 16, 256 and 4096 rows is another 16, from
+decode to prefill). Rows: `buckets`, `gpus`, `wall_s` (the command's, from start to exit:
+imports, workers, tuning, the records' exchange), `s_per_bucket`, `speedup_vs_1gpu` (one GPU's
+wall time over this one's), `projections`, `batch_sizes`.
 
-    python -m benchmarks pretune --out-dir DIR [--gpus 0,1] [--batch-sizes 1 2 4 ...]
+    python -m benchmarks pretune --out-dir DIR [--gpus 0,1] [--projections qkv o gate_up down]
+        [--batch-sizes 1 2 4 ...]
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from benchmarks.common import RESULTS, write_results
 
 SUITE_HELP = "pretune a model's buckets on one GPU and on several: wall time, speedup"
 
-MODEL = {"linears": [{"name": "o", "n": 4096, "k": 4096}, {"name": "qkv", "n": 6144, "k": 4096}]}
+#: a Llama-3 8B layer's projections: x @ w.t() with w of n rows and k columns
+LLAMA3_8B = {
+    "qkv": {"n": 6144, "k": 4096},
+    "o": {"n": 4096, "k": 4096},
+    "gate_up": {"n": 28672, "k": 4096},
+    "down": {"n": 4096, "k": 14336},
+}
 
 
 def pretune_run(gpus: list[int], batch_sizes: list[int], model_file: Path) -> tuple[float, dict]:
@@ -47,11 +56,13 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m benchmarks pretune", description=SUITE_HELP)
     parser.add_argument("--gpus", default="0,1", help="the GPUs of the several-GPU run")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--projections", nargs="+", choices=sorted(LLAMA3_8B), default=["o", "qkv"])
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     gpus = [int(g) for g in args.gpus.split(",")]
+    model = {"linears": [{"name": name, **LLAMA3_8B[name]} for name in args.projections]}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(MODEL, f)
+        json.dump(model, f)
     model_file = Path(f.name)
     rows, one_gpu_s = [], None
     for run_gpus in ([gpus[0]], gpus):
@@ -66,13 +77,15 @@ def main(argv: list[str] | None = None) -> Path:
             "s_per_bucket": round(wall / buckets, 3),
             "speedup_vs_1gpu": round(one_gpu_s / wall, 3),
             "tuned_all": all(r["config"] for r in report["rows"]),
+            "projections": args.projections,
+            "batch_sizes": args.batch_sizes,
         }
         print(row, flush=True)
         rows.append(row)
     model_file.unlink()
     method = (
-        f"gemmtune pretune --model-config (Llama-3 8B o and qkv, x @ w.t(), bf16) --batch-sizes "
-        f"{args.batch_sizes} --gpus, a new process and an empty cache folder per run; wall time "
-        "of the command"
+        f"gemmtune pretune --model-config (Llama-3 8B {', '.join(args.projections)}, x @ w.t(), "
+        f"bf16) --batch-sizes {args.batch_sizes} --gpus, a new process and an empty cache folder "
+        "per run; wall time of the command"
     )
     return write_results("pretune", method, rows, args.out_dir)

@@ -3,10 +3,12 @@
 argv: rank, world size, the gloo rendezvous file, the shared folder, and optionally "hold": the
 rank's cache already holds the first bucket. Each rank has a cache of its own and a fake tuner
 whose winner names the rank (tile_n 64 + 8 x rank), so ranks that each tuned a bucket would
-disagree. It prints, as JSON, the buckets it tuned and every record its cache ends with."""
+disagree, and which takes a moment, as a tune does, so that both ranks claim buckets. It prints,
+as JSON, the buckets it tuned and every record its cache ends with."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -27,6 +29,7 @@ tuned = []
 
 def fake_tune(problem, **options):
     tuned.append(f"{problem.m}x{problem.n}x{problem.k}")
+    time.sleep(0.2)
     config = GemmConfig(tile_n=64 + 8 * rank)
     ran = CandidateResult(config, None, 0.1 + rank)
     return TuneResult(problem, config, 0.1 + rank, 1e-3, [ran], 1, 1, 0.0, 0.0, 0.1)

@@ -14,11 +14,12 @@ from gemmtune.api.choice import ConfigChooser
 from gemmtune.api.pretune import (
     GemmShape,
     LinearShape,
-    assign_providers,
+    claimed,
     linear_gemms,
     linear_shapes,
     pretune_problems,
     shapes_from_config,
+    share_out,
 )
 from gemmtune.api.torch_ops import use_tuned_linear
 from gemmtune.cache.buckets import Environment
@@ -63,15 +64,31 @@ def test_a_models_linear_layers_are_found_from_their_weights_once_each():
     assert all(g.layout == "tt" for g in gemms)  # x @ w.t(): b K-major
 
 
-def test_providers_hold_first_then_take_turns():
+def test_held_keys_go_to_their_lowest_holder_and_the_rest_queue_longest_first():
     keys = ["a", "b", "c", "d", "e"]
-    providers = assign_providers([keys, keys], [set(), {"c"}])
-    assert providers["c"] == 1  # held by rank 1: nobody tunes it
-    assert [providers[k] for k in "abde"] == [0, 1, 0, 1]
-    # a key only one rank lists (another GPU model) is that rank's
-    assert assign_providers([["x"], ["y"]], [set(), set()]) == {"x": 0, "y": 1}
-    # the lowest holder provides
-    assert assign_providers([keys, keys, keys], [{"a"}, {"a"}, {"a"}])["a"] == 0
+    work = {"a": 1, "b": 5, "c": 9, "d": 5, "e": 2}
+    shares = share_out([keys, keys, keys], [set(), {"c", "a"}, {"a"}], work.get)
+    assert shares.held == {"a": 1, "c": 1}  # nobody tunes them
+    assert shares.queues == {(0, 1, 2): ["b", "d", "e"]}  # ties keep the listing order
+    # keys only some ranks list (another GPU model) queue for those ranks alone
+    shares = share_out([["x", "z"], ["y", "z"]], [set(), set()])
+    assert shares.queues == {(0,): ["x"], (0, 1): ["z"], (1,): ["y"]}
+
+
+def test_ranks_drawing_from_one_counter_claim_each_key_once():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    keys = [f"k{i}" for i in range(7)]
+    ranks = [claimed(store, "queue", keys) for _ in range(3)]
+    taken: list[list[str]] = [[], [], []]
+    for turn in [0, 1, 1, 2, 0, 0, 2, 1, 0, 1, 2]:  # ranks that finish tunes at their own pace
+        key = next(ranks[turn], None)
+        if key is not None:
+            taken[turn].append(key)
+    assert taken == [["k0", "k4", "k5"], ["k1", "k2"], ["k3", "k6"]]
+    assert all(next(r, None) is None for r in ranks)  # the queue is empty for everyone
+    assert next(claimed(store, "another queue", keys)) == "k0"
 
 
 class CountingTuner:
@@ -137,7 +154,7 @@ def test_two_gloo_ranks_split_the_buckets_and_store_identical_tables(tmp_path, h
     buckets = 10 - hold  # 2 layers x 5 batch sizes, one held by rank 1
     assert not tuned[0] & tuned[1]
     assert len(tuned[0] | tuned[1]) == buckets
-    assert abs(len(tuned[0]) - len(tuned[1])) <= 1  # the work is split evenly
+    assert tuned[0] and tuned[1]  # both ranks claimed work while it lasted
     # every rank ends with the same records, each from the rank that provided it
     assert reports[0]["records"] == reports[1]["records"] and len(reports[0]["records"]) == 10
     for record in map(json.loads, reports[0]["records"].values()):

@@ -14,9 +14,12 @@ Under `torch.distributed` (initialised by the caller: torchrun, or `spawn_pretun
 `--gpus`), the ranks split the work and agree on one table:
 1. every rank lists its buckets' keys (a key names the GPU model, so ranks on different
    models share no key) and which of them its cache holds; all ranks gather all lists;
-2. `assign_providers` gives each key one provider, the same on every rank: the lowest rank
-   that holds it, else the ranks that list it in turn;
-3. each rank tunes the keys it provides and does not hold, on its own GPU;
+2. `share_out` gives each held key one provider, the same on every rank (the lowest rank
+   that holds it), and puts the keys no rank holds in queues, one per set of ranks that
+   list them, longest work first;
+3. each rank claims the next key of its queues from a counter in the group's store
+   (`claimed`) and tunes it on its own GPU, until the queues are empty: a rank that started
+   late or met slow buckets takes fewer, and none waits while work is left;
 4. the ranks gather every provided record, and each stores every record of its own keys.
 Every rank then holds the same record for each key, by construction. Processes sharing a GPU
 and a cache tune a bucket once between them (`ResultsCache.tune_once`'s lock).
@@ -29,7 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,27 +127,47 @@ def linear_gemms(shapes: Iterable[LinearShape], batch_sizes: Sequence[int]) -> l
     return [GemmShape(m, s.n, s.k, dtype=s.dtype) for s in shapes for m in batch_sizes]
 
 
-def assign_providers(
-    keys_by_rank: Sequence[Sequence[str]], held_by_rank: Sequence[set[str]]
-) -> dict[str, int]:
-    """Which rank provides each key's record, the same answer on every rank: the lowest rank
-    that holds the key, else the ranks that list it, in turn over the keys none holds (in the
-    order the lowest such rank lists them)."""
-    providers: dict[str, int] = {}
+@dataclass(frozen=True)
+class Shares:
+    """How the ranks split a round's keys (`share_out`): the provider of each held key, and
+    the keys no rank holds, queued per set of ranks that list them."""
+
+    held: dict[str, int]
+    queues: dict[tuple[int, ...], list[str]]
+
+
+def share_out(
+    keys_by_rank: Sequence[Sequence[str]],
+    held_by_rank: Sequence[set[str]],
+    work: Callable[[str], float] = lambda key: 0.0,
+) -> Shares:
+    """The same answer on every rank: each held key's provider is the lowest rank that holds
+    it; the other keys queue by the ranks that list them (ranks on one GPU model list the
+    same keys), each queue by decreasing `work` and then in the order the lowest of those
+    ranks lists them, so that the claims that end a queue are short ones."""
     listed_by: dict[str, list[int]] = {}
     for rank, keys in enumerate(keys_by_rank):
         for key in keys:
             listed_by.setdefault(key, []).append(rank)
-    turn: dict[tuple[int, ...], int] = {}
+    held: dict[str, int] = {}
+    queues: dict[tuple[int, ...], list[str]] = {}
     for key, ranks in listed_by.items():
         holders = [r for r in ranks if key in held_by_rank[r]]
         if holders:
-            providers[key] = holders[0]
+            held[key] = holders[0]
         else:
-            group = tuple(ranks)
-            providers[key] = group[turn.get(group, 0) % len(group)]
-            turn[group] = turn.get(group, 0) + 1
-    return providers
+            queues.setdefault(tuple(ranks), []).append(key)
+    for keys in queues.values():
+        keys.sort(key=lambda k: -work(k))  # stable: ties keep the listing order
+    return Shares(held, queues)
+
+
+def claimed(store, name: str, keys: Sequence[str]) -> Iterator[str]:
+    """The keys of one queue that this process claims, one at a time: the next unclaimed
+    one, by an atomic counter `name` in `store` (a `torch.distributed.Store`) that every
+    rank listing the queue draws from; each key goes to exactly one claimant."""
+    while (index := store.add(name, 1) - 1) < len(keys):
+        yield keys[index]
 
 
 @dataclass
@@ -217,10 +241,15 @@ def pretune_problems(
     by_key: dict[str, GemmProblem] = {}
     for p in served:
         by_key.setdefault(chooser.bucket_key(p), p)
+    results = chooser.results_cache()
+    if tune and chooser.tuner is None and any(results.lookup(k) is None for k in by_key):
+        from gemmtune import workers
+
+        # the helpers start while the ranks gather, not in the first tune
+        workers.start(next(iter(by_key.values())).device.index)
     rounds = _Rounds(chooser, distributed, tune, progress)
     buckets = rounds.run(by_key, lambda p: chooser.ensure_tuned(p), "bucket")
     # a bucket's record, tuned on one of its shapes, is checked on each of the others
-    results = chooser.results_cache()
     shapes: dict[str, GemmProblem] = {}
     for p in served if shape_checks() else ():
         record = results.lookup(chooser.bucket_key(p))
@@ -244,8 +273,9 @@ def pretune_problems(
 
 
 class _Rounds:
-    """Records provided by the ranks: each key's provider tunes it where no rank holds it,
-    then every rank stores every provided record."""
+    """Records provided by the ranks: each held key's lowest holder provides it, each other
+    key the rank that claims it (`share_out`, `claimed`); then every rank stores every
+    provided record."""
 
     def __init__(self, chooser: ConfigChooser, distributed: bool, tune: bool, progress: bool):
         import torch.distributed as dist
@@ -264,49 +294,83 @@ class _Rounds:
     ) -> dict[str, str]:
         """Provide the record of each key of `problems` (`provide` tunes or checks it):
         returns where each key's record came from, "cached", "tuned" (or "checked" for
-        shapes) or "rank N"."""
+        shapes), "rank N", or "failed" where no rank provided one."""
         import torch.distributed as dist
 
         results = self.chooser.results_cache()
         keys = list(problems)
         held = {key for key in keys if results.lookup(key) is not None}
         if self.distributed:
+            # a round's counters are named by a token of rank 0's: unique to this round
             gathered: list = [None] * self.ranks
-            dist.all_gather_object(gathered, (keys, sorted(held)))
-            providers = assign_providers([g[0] for g in gathered], [set(g[1]) for g in gathered])
+            dist.all_gather_object(gathered, (keys, sorted(held), uuid.uuid4().hex))
+            shares = share_out(
+                [g[0] for g in gathered],
+                [set(g[1]) for g in gathered],
+                lambda key: problems[key].flops if key in problems else 0,
+            )
+            store = dist.distributed_c10d._get_default_store()
+            prefix = f"gemmtune/pretune/{gathered[0][2]}/{what}"
+            queues = {
+                f"{prefix}/{','.join(map(str, ranks))}": queue
+                for ranks, queue in shares.queues.items()
+                if self.rank in ranks
+            }
+            todo = sum(map(len, queues.values()))
+            mine: Iterable[str] = (
+                key for name, queue in queues.items() for key in claimed(store, name, queue)
+            )
+
+            def progress() -> int:  # keys claimed by every rank so far
+                return sum(min(store.add(name, 0), len(q)) for name, q in queues.items())
         else:
-            providers = dict.fromkeys(keys, 0)
-        mine = [k for k in keys if self.tune and providers[k] == self.rank and k not in held]
+            mine = [k for k in keys if k not in held]
+            todo = len(mine)
+            progress = None
         done: set[str] = set()
-        bar = tqdm(mine, disable=not self.progress, desc=f"gemmtune pretune ({what}s)", unit=what)
-        for key in bar:
+        bar = tqdm(
+            total=todo if self.tune else 0,
+            disable=not self.progress,
+            desc=f"gemmtune pretune ({what}s)",
+            unit=what,
+        )
+        for key in mine if self.tune else ():
             p = problems[key]
             bar.set_postfix_str(f"{p.m}x{p.n}x{p.k}")
             try:
                 record = provide(p)
             except Exception:  # one failure must not stop the rest, nor the other ranks
                 log.exception("pretune: %dx%dx%d failed; its %s stays open", p.m, p.n, p.k, what)
-                continue
+                record = None
             if record is not None:
                 done.add(key)
+            bar.update(1 if progress is None else progress() - bar.n)
         bar.close()
+        providers = {}
         if self.distributed:
             provided = {
                 key: record.to_json()
                 for key in keys
-                if providers[key] == self.rank and (record := results.lookup(key)) is not None
+                if (key in done or shares.held.get(key) == self.rank)
+                and (record := results.lookup(key)) is not None
             }
             gathered = [None] * self.ranks
             dist.all_gather_object(gathered, provided)
             for from_rank, records in enumerate(gathered):
                 for key, text in records.items():
+                    providers.setdefault(key, from_rank)
                     if key in problems and from_rank != self.rank:
                         results.store(key, TunedRecord.from_json(text))
         fresh = "tuned" if what == "bucket" else "checked"
-        return {
-            key: fresh if key in done else "cached" if key in held else f"rank {providers[key]}"
-            for key in keys
-        }
+
+        def source(key: str) -> str:
+            if key in done:
+                return fresh
+            if key in held:
+                return "cached"
+            return f"rank {providers[key]}" if key in providers else "failed"
+
+        return {key: source(key) for key in keys}
 
 
 def pretune(
