@@ -13,6 +13,7 @@ from torch import nn
 from gemmtune.api.choice import ConfigChooser
 from gemmtune.api.pretune import (
     GemmShape,
+    GpuThreads,
     LinearShape,
     claimed,
     linear_gemms,
@@ -129,6 +130,74 @@ def test_one_process_tunes_what_the_cache_lacks_and_resumes(tmp_path):
     assert {k: r.to_json() for k, r in other.items()} == {
         k: r.to_json() for k, r in chooser.results_cache().items()
     }
+
+
+def test_threads_of_two_gpus_take_each_bucket_once_longest_first(tmp_path):
+    import threading
+    import time
+
+    tuned: list[tuple[int, int]] = []
+
+    def tuner(problem, **options):
+        tuned.append((problem.device.index, problem.m))
+        time.sleep(0.05)  # a tune takes a while: both threads get buckets
+        config = GemmConfig(tile_n=64 + 8 * problem.device.index)
+        return TuneResult(
+            problem, config, 0.1, 1e-3, [CandidateResult(config, None, 0.1)], 1, 1, 0.0, 0.0, 0.1
+        )
+
+    chooser = ConfigChooser(
+        results=ResultsCache(tmp_path / "r.sqlite"),
+        tuner=tuner,
+        environment=lambda index: Environment("NVIDIA H200", 132, "0", "0"),
+    )
+    sizes = (1, 2, 4, 3, 64, 256, 1024)  # 3 shares the bucket of 4
+    threads = GpuThreads(2)
+    outcomes = [None, None]
+
+    def run(gpu: int) -> None:
+        problems = [
+            GemmProblem.of_shape(m, 4096, 4096, layout="tt", device=f"cuda:{gpu}", arch=Arch.SM90)
+            for m in sizes
+        ]
+        outcomes[gpu] = pretune_problems(problems, chooser=chooser, progress=False, threads=threads)
+
+    workers = [threading.Thread(target=run, args=(gpu,)) for gpu in (0, 1)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    buckets = [m for _, m in tuned]
+    assert sorted(buckets) == [1, 2, 4, 64, 256, 1024]  # each bucket tuned once
+    assert buckets[:2] == [1024, 256] or buckets[:2] == [256, 1024]  # longest first
+    assert {gpu for gpu, _ in tuned} == {0, 1}
+    for gpu, outcome in enumerate(outcomes):
+        assert all(row.config for row in outcome.rows)
+        for row in outcome.rows:
+            tiles = GemmConfig.from_key(row.config).tile_n
+            # a row says who tuned it, and its record is that thread's
+            assert row.source in ("tuned", "checked") or row.source == f"gpu {1 - gpu}"
+            tuner_gpu = gpu if row.source in ("tuned", "checked") else 1 - gpu
+            assert tiles == 64 + 8 * tuner_gpu
+
+
+def test_a_failed_thread_releases_the_others_from_the_end_of_a_round():
+    import threading
+
+    threads = GpuThreads(2)
+    caught = []
+
+    def wait() -> None:
+        try:
+            threads.meet()
+        except threading.BrokenBarrierError as exc:
+            caught.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    threads.abort()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and len(caught) == 1
 
 
 @pytest.mark.timeout(300)

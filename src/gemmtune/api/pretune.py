@@ -10,8 +10,15 @@ per bucket); buckets the cache holds are skipped and the rest tuned one by one, 
 stored as soon as it is tuned, so an interrupted pretune keeps what it tuned and a rerun
 resumes.
 
-Under `torch.distributed` (initialised by the caller: torchrun, or `spawn_pretune` for
-`--gpus`), the ranks split the work and agree on one table:
+On several GPUs of one machine without a launcher (`pretune(..., gpus=[0, 1])`, `gemmtune
+pretune --gpus 0,1`) one thread per GPU tunes in this process (`pretune_on_gpus`): each thread's
+tunes time on its GPU's benchmark worker and share the compile workers, the kernel cache and
+the results cache; a thread takes the next bucket no other has taken, longest first, and the
+threads meet at the end of each round (`GpuThreads`). No process starts and no torch import is
+repeated, so two GPUs take little more than half the time of one.
+
+Under `torch.distributed` (initialised by the caller: torchrun), the ranks split the work and
+agree on one table:
 1. every rank lists its buckets' keys (a key names the GPU model, so ranks on different
    models share no key) and which of them its cache holds; all ranks gather all lists;
 2. `share_out` gives each held key one provider, the same on every rank (the lowest rank
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -170,6 +178,45 @@ def claimed(store, name: str, keys: Sequence[str]) -> Iterator[str]:
         yield keys[index]
 
 
+class GpuThreads:
+    """The threads of a pretune on several GPUs of this process (`pretune_on_gpus`), one per
+    GPU: each takes keys no other has taken, and all meet at the end of each round (a bucket's
+    record must be stored before its shapes are checked)."""
+
+    def __init__(self, gpus: int):
+        self._lock = threading.Lock()
+        self._takers: dict[tuple[str, str], int] = {}
+        self.gpus = gpus
+        self._barrier = threading.Barrier(gpus)
+
+    def take(self, what: str, keys: Iterable[str], gpu: int) -> Iterator[str]:
+        """The keys of `keys` that the thread of `gpu` takes, as it asks for each."""
+        for key in keys:
+            with self._lock:
+                if (what, key) in self._takers:
+                    continue
+                self._takers[what, key] = gpu
+            yield key
+
+    def taker(self, what: str, key: str) -> int | None:
+        """The GPU whose thread took `key`, if any."""
+        with self._lock:
+            return self._takers.get((what, key))
+
+    def taken(self, what: str, keys: Iterable[str]) -> int:
+        """How many of `keys` the threads have taken."""
+        with self._lock:
+            return sum((what, key) in self._takers for key in keys)
+
+    def meet(self) -> None:
+        """Wait for every thread to end its round (BrokenBarrierError where one failed)."""
+        self._barrier.wait()
+
+    def abort(self) -> None:
+        """A thread failed: release the others from `meet`."""
+        self._barrier.abort()
+
+
 @dataclass
 class PretuneRow:
     """One bucket (or checked shape) of a pretune: its key, the shape it was listed with, its
@@ -217,13 +264,14 @@ def pretune_problems(
     progress: bool = True,
     distributed: bool | None = None,
     tune: bool = True,
+    threads: GpuThreads | None = None,
 ) -> PretuneResult:
     """Tune every bucket of `problems` the cache lacks and store it (see the module's
     docstring), then check each problem whose shape is not the one its bucket was tuned on
     (`ConfigChooser.checked_record`) where the cache lacks that check; with `distributed`
     (default: whether `torch.distributed` is initialised with more than one rank) the ranks
-    split the work and all store every record. Without `tune`, only report what the cache
-    holds."""
+    split the work and all store every record; with `threads` this is one of the threads of
+    `pretune_on_gpus`. Without `tune`, only report what the cache holds."""
     import torch.distributed as dist
 
     dispatcher = None
@@ -246,8 +294,9 @@ def pretune_problems(
         from gemmtune import workers
 
         # the helpers start while the ranks gather, not in the first tune
-        workers.start(next(iter(by_key.values())).device.index)
-    rounds = _Rounds(chooser, distributed, tune, progress)
+        tunes = 1 if threads is None else threads.gpus
+        workers.start(next(iter(by_key.values())).device.index, tunes=tunes)
+    rounds = _Rounds(chooser, distributed, tune, progress, threads)
     buckets = rounds.run(by_key, lambda p: chooser.ensure_tuned(p), "bucket")
     # a bucket's record, tuned on one of its shapes, is checked on each of the others
     shapes: dict[str, GemmProblem] = {}
@@ -277,13 +326,21 @@ class _Rounds:
     key the rank that claims it (`share_out`, `claimed`); then every rank stores every
     provided record."""
 
-    def __init__(self, chooser: ConfigChooser, distributed: bool, tune: bool, progress: bool):
+    def __init__(
+        self,
+        chooser: ConfigChooser,
+        distributed: bool,
+        tune: bool,
+        progress: bool,
+        threads: GpuThreads | None = None,
+    ):
         import torch.distributed as dist
 
         self.chooser = chooser
         self.distributed = distributed
         self.tune = tune
         self.progress = progress
+        self.threads = threads
         self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
     def run(
@@ -294,7 +351,8 @@ class _Rounds:
     ) -> dict[str, str]:
         """Provide the record of each key of `problems` (`provide` tunes or checks it):
         returns where each key's record came from, "cached", "tuned" (or "checked" for
-        shapes), "rank N", or "failed" where no rank provided one."""
+        shapes), "rank N" or "gpu N" (another rank, another thread), or "failed" where none
+        provided one."""
         import torch.distributed as dist
 
         results = self.chooser.results_cache()
@@ -323,6 +381,14 @@ class _Rounds:
 
             def progress() -> int:  # keys claimed by every rank so far
                 return sum(min(store.add(name, 0), len(q)) for name, q in queues.items())
+        elif self.threads is not None:
+            threads, gpu = self.threads, next((p.device.index for p in problems.values()), -1)
+            queue = sorted((k for k in keys if k not in held), key=lambda k: -problems[k].flops)
+            todo = len(queue)
+            mine = threads.take(what, queue, gpu)
+
+            def progress() -> int:  # keys taken by every thread so far
+                return threads.taken(what, queue)
         else:
             mine = [k for k in keys if k not in held]
             todo = len(mine)
@@ -361,6 +427,8 @@ class _Rounds:
                     providers.setdefault(key, from_rank)
                     if key in problems and from_rank != self.rank:
                         results.store(key, TunedRecord.from_json(text))
+        if self.threads is not None:
+            self.threads.meet()
         fresh = "tuned" if what == "bucket" else "checked"
 
         def source(key: str) -> str:
@@ -368,7 +436,12 @@ class _Rounds:
                 return fresh
             if key in held:
                 return "cached"
-            return f"rank {providers[key]}" if key in providers else "failed"
+            if key in providers:
+                return f"rank {providers[key]}"
+            gpu = self.threads.taker(what, key) if self.threads is not None else None
+            if gpu is not None and results.lookup(key) is not None:
+                return f"gpu {gpu}"
+            return "failed"
 
         return {key: source(key) for key in keys}
 
@@ -381,53 +454,71 @@ def pretune(
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     dtype: torch.dtype | None = None,
     device: torch.device | int | str | None = None,
+    gpus: Sequence[int] | None = None,
     progress: bool = True,
 ) -> PretuneResult:
     """Tune every GEMM that `model`'s linear layers (and the layer `shapes`) meet at
-    `batch_sizes`, and the `gemms` given as they are, on this process's GPU, storing what the
-    cache lacks; under `torch.distributed` the ranks share the work and all end with the same
-    table. `dtype` overrides the layers' weights' dtype. Returns the table
-    (`PretuneResult.export` writes it for `gemmtune cache import`)."""
+    `batch_sizes`, and the `gemms` given as they are, on this process's GPU (`device`), or
+    split over the `gpus` of this machine (`pretune_on_gpus`), storing what the cache lacks;
+    under `torch.distributed` the ranks share the work and all end with the same table.
+    `dtype` overrides the layers' weights' dtype. Returns the table (`PretuneResult.export`
+    writes it for `gemmtune cache import`)."""
     found = list(shapes)
     if model is not None:
         found += linear_shapes(model)
     if dtype is not None:
         found = [LinearShape(s.name, s.n, s.k, dtype) for s in found]
     every = [*linear_gemms(found, batch_sizes), *gemms]
+    if gpus is not None and len(gpus) > 1:
+        return pretune_on_gpus(every, gpus, progress=progress)
+    if gpus:
+        device = gpus[0]
     if device is None:
         device = torch.cuda.current_device()
     return pretune_problems([g.problem(device) for g in every], progress=progress)
 
 
-def _gpu_worker(rank: int, gpus: Sequence[int], init_file: str, gemms: list) -> None:
-    """One process of `spawn_pretune`: its GPU, a gloo group with the others, its share."""
-    import torch.distributed as dist
-
-    torch.cuda.set_device(gpus[rank])
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=len(gpus)
-    )
-    try:
-        pretune(gemms=gemms, device=gpus[rank], progress=rank == 0)
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_pretune(gemms: Sequence[GemmShape], gpus: Sequence[int]) -> PretuneResult:
-    """`pretune` of `gemms` split over `gpus` of this machine without a launcher: one process
-    per GPU, joined in a gloo group (the records are small; NCCL is not needed for them).
-    Returns the table as this process's cache then holds it."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
+def pretune_on_gpus(
+    gemms: Sequence[GemmShape], gpus: Sequence[int], *, progress: bool = True
+) -> PretuneResult:
+    """`pretune` of `gemms` split over `gpus` of this machine, in this process: a thread per
+    GPU (`GpuThreads`), each tuning on its GPU's benchmark worker, all sharing the compile
+    workers and the caches (the module's docstring). Returns the table: each key once, from
+    the first GPU that lists it ("gpu N": tuned by the thread of GPU N)."""
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"gpus {list(gpus)} names a GPU twice")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gemmtune-pretune-") as folder:
-        init_file = str(Path(folder) / "group")
-        mp.spawn(_gpu_worker, args=(list(gpus), init_file, list(gemms)), nprocs=len(gpus))
-    device = gpus[0]
-    outcome = pretune_problems(
-        [g.problem(device) for g in gemms], progress=False, distributed=False, tune=False
-    )
-    outcome.wall_s, outcome.ranks = time.perf_counter() - start, len(gpus)
-    return outcome
+    threads = GpuThreads(len(gpus))
+    outcomes: list[PretuneResult | None] = [None] * len(gpus)
+    failures: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            outcomes[index] = pretune_problems(
+                [g.problem(gpus[index]) for g in gemms],
+                progress=progress and index == 0,
+                distributed=False,
+                threads=threads,
+            )
+        except BaseException as exc:  # re-raised below; the other threads must not wait
+            failures.append(exc)
+            threads.abort()
+
+    workers = [
+        threading.Thread(target=run, args=(i,), name=f"gemmtune-pretune-gpu{gpu}")
+        for i, gpu in enumerate(gpus)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if failures:
+        raise failures[0]
+    table = PretuneResult(wall_s=time.perf_counter() - start, ranks=len(gpus))
+    listed: set[str] = set()
+    for outcome in outcomes:
+        for row in outcome.rows:
+            if row.key not in listed:
+                listed.add(row.key)
+                table.rows.append(row)
+    return table

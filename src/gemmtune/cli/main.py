@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune a model's GEMMs (or a file of shapes) ahead of time, on one GPU or several",
         description="Tune every GEMM a model config's layers meet at the batch sizes (and the "
         "problems of a shapes file) that the cache lacks, and store the winners; with --gpus "
-        "one process per GPU shares the work and every process stores the same table. Under "
-        "torchrun, `gemmtune.pretune` in the job does the same across its ranks.",
+        "a thread per GPU takes buckets in turn, each timing on its own GPU. Under torchrun, "
+        "`gemmtune.pretune` in the job shares the work across its ranks, and every rank "
+        "stores the same table.",
     )
     pretune.add_arguments(p, gpus=True)
     p.add_argument("--dtype", choices=KERNEL_INPUTS, default="bf16", help="a's and b's dtype")

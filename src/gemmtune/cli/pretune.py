@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not torch.cuda.is_available():
         return fail(f"gemmtune pretune {NO_GPU} (try `gemmtune doctor`)")
-    from gemmtune.api.pretune import pretune, spawn_pretune
+    from gemmtune.api.pretune import pretune, pretune_on_gpus
 
     try:
         gemms = gemms_of(args)
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("gemmtune pretune: name the GEMMs with --model-config or --shapes")
     gpus = args.gpus or [torch.cuda.current_device()]
     if len(gpus) > 1:
-        outcome = spawn_pretune(gemms, gpus)
+        outcome = pretune_on_gpus(gemms, gpus, progress=not args.json)
     else:
         outcome = pretune(gemms=gemms, device=gpus[0], progress=not args.json)
     rows = [
@@ -108,5 +108,5 @@ def add_arguments(p: argparse.ArgumentParser, *, gpus: bool) -> None:
             "--gpus",
             type=lambda text: [int(g) for g in text.split(",")],
             metavar="0,1",
-            help="split the work over these GPUs, one process each (default: the current GPU)",
+            help="split the work over these GPUs, a thread each (default: the current GPU)",
         )

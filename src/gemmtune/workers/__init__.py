@@ -64,10 +64,12 @@ def bench_worker(device_index: int, *, import_main: bool = False) -> BenchWorker
         return worker
 
 
-def start(device_index: int | None = None) -> None:
+def start(device_index: int | None = None, *, tunes: int = 1) -> None:
     """Start the helpers a first tune on GPU `device_index` (default: the current one) needs,
     and return at once: a server that calls this as it starts pays nothing for them when its
-    first new bucket tunes. Nothing is started where no GPU our kernels serve is present."""
+    first new bucket tunes. `tunes`: how many tunes will run at once (one per GPU of a
+    pretune), each compiling its own binaries. Nothing is started where no GPU our kernels
+    serve is present."""
     import torch
 
     from gemmtune.core.device import Arch, arch_of
@@ -78,7 +80,9 @@ def start(device_index: int | None = None) -> None:
     if arch_of(index) is Arch.OTHER:
         return
     bench_worker(index).start()
-    compile_pool(arch_of(index).compile_target).reserve(8)
+    pool = compile_pool(arch_of(index).compile_target)
+    pool.allow(tunes)
+    pool.reserve(8 * tunes)
 
 
 def shutdown() -> None:

@@ -97,12 +97,12 @@ class CompileService:
         return False
 
 
-def default_workers() -> int:
-    """`GEMMTUNE_COMPILE_WORKERS`, else one per core but one, at most 8 (a tune compiles at
-    most its top 8 binaries)."""
+def default_workers(tunes: int = 1) -> int:
+    """`GEMMTUNE_COMPILE_WORKERS`, else one per core but one, at most 8 for each of `tunes`
+    tunes at once (a tune compiles at most its top 8 binaries)."""
     if os.environ.get(WORKERS_ENV):
         return max(1, int(os.environ[WORKERS_ENV]))
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    return max(1, min(8 * tunes, (os.cpu_count() or 2) - 1))
 
 
 @dataclass
@@ -135,6 +135,11 @@ class CompilePool:
     @property
     def workers(self) -> int:
         return len(self._workers)
+
+    def allow(self, tunes: int) -> None:
+        """Let the pool grow to serve `tunes` tunes at once (`default_workers`)."""
+        with self._lock:
+            self.max_workers = max(self.max_workers, default_workers(tunes))
 
     def reserve(self, count: int) -> None:
         """Have at least `count` workers (at most `max_workers`) started; returns at once."""
