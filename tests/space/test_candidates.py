@@ -100,3 +100,24 @@ def test_runtime_variants_cost_no_compile():
     variants = runtime_variants(binary, k_tiles=100)
     assert len(variants) == 7 * 2 * 4
     assert {v.compile_key for v in variants} == {binary.compile_key}
+
+
+def test_binaries_kept_per_signature_are_what_every_problem_of_it_would_enumerate():
+    from gemmtune.space.candidates import _implemented
+
+    problems = [
+        problem(1, 4096, 4096),
+        problem(4096, 4096, 4096),  # the same signature, other sizes
+        problem(333, 2100, 3000),  # rows of 2100 bf16 TMA cannot store
+        problem(64, 512, 1024, dtype=torch.float16, b_cols_major=True),
+        problem(256, 1024, 4096, arch=Arch.SM100),
+    ]
+    for p in problems:
+        rules = sm100 if p.arch is Arch.SM100 else sm90
+        assert binaries(p) == [v for v in _implemented(p.arch) if rules.serves(v, p) is None]
+    assert binaries(problems[0]) == binaries(problems[1])
+    assert binaries(problems[2]) != binaries(problems[0])
+    # the split counts follow each problem's k-tiles
+    short, long = problem(128, 128, 128), problem(128, 128, 4096)
+    splits = {c.splits for c in candidates(short, orders=False)}
+    assert max(splits) < max(c.splits for c in candidates(long, orders=False))

@@ -172,14 +172,23 @@ def reads_larger_once(config: GemmConfig, problem: GemmProblem) -> bool:
     return (grid.clusters_n if kernel_a_larger else grid.clusters_m) == 1
 
 
-def stores_by_threads_beside_tma(config: GemmConfig, offered: dict | set) -> bool:
+_STORE_TWIN_FIELDS = tuple(f.name for f in dataclasses.fields(GemmConfig) if f.name != "tma_store")
+
+
+def store_twin_key(config: GemmConfig) -> tuple:
+    """What a config and its twin of the other epilogue (TMA store or thread stores) share."""
+    return tuple(getattr(config, name) for name in _STORE_TWIN_FIELDS)
+
+
+def stores_by_threads_beside_tma(config: GemmConfig, tma_stores: set[tuple]) -> bool:
     """Whether `config` stores by threads where its TMA-store twin is offered too (an output
-    TMA can store). `top_k` does not rank such a config: one warp stores asynchronously where
-    every thread of a thread store waits for its own, and timed side by side they were never
-    faster (0.5-5 % slower on 4096^3, equal on 128 x 6144 x 4096; `docs/kernels.md`), while
-    their families, fitted on another day's timings than the TMA-store ones, put some ahead by
+    TMA can store; `tma_stores`: the `store_twin_key`s of the offered TMA-store configs).
+    `top_k` does not rank such a config: one warp stores asynchronously where every thread
+    of a thread store waits for its own, and timed side by side they were never faster
+    (0.5-5 % slower on 4096^3, equal on 128 x 6144 x 4096; `docs/kernels.md`), while their
+    families, fitted on another day's timings than the TMA-store ones, put some ahead by
     more than `TIE_MARGIN`. They serve outputs TMA cannot store, where they are all there is."""
-    return not config.tma_store and dataclasses.replace(config, tma_store=True) in offered
+    return not config.tma_store and store_twin_key(config) in tma_stores
 
 
 def top_k(
@@ -210,12 +219,13 @@ def top_k(
     operand-swapped twin predicted alike, the one whose epilogue stores rows longer than
     `SHORT_STORE_ROW_BYTES` takes the place (`short_store_rows`)."""
     offered = set(configs)
+    tma_stores = {store_twin_key(c) for c in configs if c.tma_store}
     defaults = [
         c
         for c in configs
         if c.raster is Raster.ALONG_M
         and c.swizzle == 1
-        and not stores_by_threads_beside_tma(c, offered)
+        and not stores_by_threads_beside_tma(c, tma_stores)
         and fits_rows(c, problem)
     ]
     ranked = model.rank(problem, defaults)
