@@ -15,7 +15,7 @@ pretune --gpus 0,1`) one thread per GPU tunes in this process (`pretune_on_gpus`
 tunes time on its GPU's benchmark worker and share the compile workers, the kernel cache and
 the results cache; a thread takes the next bucket no other has taken, longest first, and the
 threads meet at the end of each round (`GpuThreads`). No process starts and no torch import is
-repeated, so two GPUs take little more than half the time of one.
+repeated: two H200s pretune 16 buckets in 0.59-0.64 of one's time (`docs/tuning.md`).
 
 Under `torch.distributed` (initialised by the caller: torchrun), the ranks split the work and
 agree on one table:
