@@ -95,9 +95,11 @@ def test_ranks_drawing_from_one_counter_claim_each_key_once():
 class CountingTuner:
     def __init__(self):
         self.tuned = []
+        self.options = []
 
     def __call__(self, problem, **options):
         self.tuned.append(problem.m)
+        self.options.append(options)
         config = GemmConfig()
         return TuneResult(
             problem, config, 0.1, 1e-3, [CandidateResult(config, None, 0.1)], 1, 1, 0.0, 0.0, 0.1
@@ -119,6 +121,8 @@ def test_one_process_tunes_what_the_cache_lacks_and_resumes(tmp_path):
     first = pretune_problems(problems, chooser=chooser, progress=False)
     # 3 rounds up to 4, 2's bucket was held; float32 is not ours to tune
     assert tuner.tuned == [2, 1, 3, 16]
+    # the pretune's bar counts buckets: its tunes draw none of their own
+    assert [o.get("progress") for o in tuner.options[1:]] == [False, False, False]
     assert [row.source for row in first.rows] == ["tuned", "cached", "tuned", "tuned"]
     assert first.tuned == 3 and all(row.config for row in first.rows)
     again = pretune_problems(problems, chooser=chooser, progress=False)
@@ -262,7 +266,7 @@ def test_shapes_of_a_bucket_tuned_on_another_are_checked_after_the_buckets(tmp_p
     monkeypatch.delenv("GEMMTUNE_SHAPE_CHECK", raising=False)
     calls = []
 
-    def tuner(problem, configs=None):
+    def tuner(problem, configs=None, **options):
         calls.append((problem.n, None if configs is None else len(configs)))
         timed = configs or [GemmConfig(), GemmConfig(tile_n=64)]
         results = [CandidateResult(c, None, 0.1 + 0.01 * i) for i, c in enumerate(timed)]

@@ -297,7 +297,8 @@ def pretune_problems(
         tunes = 1 if threads is None else threads.gpus
         workers.start(next(iter(by_key.values())).device.index, tunes=tunes)
     rounds = _Rounds(chooser, distributed, tune, progress, threads)
-    buckets = rounds.run(by_key, lambda p: chooser.ensure_tuned(p), "bucket")
+    # the pretune's bar counts buckets; each tune's own bar would only interleave with it
+    buckets = rounds.run(by_key, lambda p: chooser.ensure_tuned(p, progress=False), "bucket")
     # a bucket's record, tuned on one of its shapes, is checked on each of the others
     shapes: dict[str, GemmProblem] = {}
     for p in served if shape_checks() else ():
@@ -505,7 +506,8 @@ def pretune_on_gpus(
             threads.abort()
 
     workers = [
-        threading.Thread(target=run, args=(i,), name=f"gemmtune-pretune-gpu{gpu}")
+        # daemons: ^C in the caller ends the pretune (the buckets tuned so far are stored)
+        threading.Thread(target=run, args=(i,), name=f"gemmtune-pretune-gpu{gpu}", daemon=True)
         for i, gpu in enumerate(gpus)
     ]
     for worker in workers:
