@@ -344,6 +344,47 @@ class _Rounds:
         self.threads = threads
         self.rank, self.ranks = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
+    def _rank_claims(
+        self, problems: dict[str, GemmProblem], held: set[str], what: str
+    ) -> tuple[Iterator[str], int, Callable[[], int], Shares]:
+        """This rank's keys of a round, claimed as it asks for each (`share_out`, `claimed`):
+        the keys, how many the queues it draws from hold, how many of those every rank has
+        claimed so far, and the shares."""
+        import torch.distributed as dist
+
+        # a round's counters are named by a token of rank 0's: unique to this round
+        gathered: list = [None] * self.ranks
+        dist.all_gather_object(gathered, (list(problems), sorted(held), uuid.uuid4().hex))
+        shares = share_out(
+            [g[0] for g in gathered],
+            [set(g[1]) for g in gathered],
+            lambda key: problems[key].flops if key in problems else 0,
+        )
+        store = dist.distributed_c10d._get_default_store()
+        prefix = f"gemmtune/pretune/{gathered[0][2]}/{what}"
+        queues = {
+            f"{prefix}/{','.join(map(str, ranks))}": queue
+            for ranks, queue in shares.queues.items()
+            if self.rank in ranks
+        }
+        mine = (key for name, queue in queues.items() for key in claimed(store, name, queue))
+
+        def progress() -> int:
+            return sum(min(store.add(name, 0), len(q)) for name, q in queues.items())
+
+        return mine, sum(map(len, queues.values())), progress, shares
+
+    def _thread_claims(
+        self, problems: dict[str, GemmProblem], held: set[str], what: str
+    ) -> tuple[Iterator[str], int, Callable[[], int]]:
+        """This thread's keys of a round, taken as it asks for each (`GpuThreads`), largest
+        problem first: the keys, how many were open, how many of those every thread has
+        taken so far."""
+        threads = self.threads
+        gpu = next((p.device.index for p in problems.values()), -1)
+        queue = sorted((k for k in problems if k not in held), key=lambda k: -problems[k].flops)
+        return threads.take(what, queue, gpu), len(queue), lambda: threads.taken(what, queue)
+
     def run(
         self,
         problems: dict[str, GemmProblem],
@@ -360,40 +401,12 @@ class _Rounds:
         keys = list(problems)
         held = {key for key in keys if results.lookup(key) is not None}
         if self.distributed:
-            # a round's counters are named by a token of rank 0's: unique to this round
-            gathered: list = [None] * self.ranks
-            dist.all_gather_object(gathered, (keys, sorted(held), uuid.uuid4().hex))
-            shares = share_out(
-                [g[0] for g in gathered],
-                [set(g[1]) for g in gathered],
-                lambda key: problems[key].flops if key in problems else 0,
-            )
-            store = dist.distributed_c10d._get_default_store()
-            prefix = f"gemmtune/pretune/{gathered[0][2]}/{what}"
-            queues = {
-                f"{prefix}/{','.join(map(str, ranks))}": queue
-                for ranks, queue in shares.queues.items()
-                if self.rank in ranks
-            }
-            todo = sum(map(len, queues.values()))
-            mine: Iterable[str] = (
-                key for name, queue in queues.items() for key in claimed(store, name, queue)
-            )
-
-            def progress() -> int:  # keys claimed by every rank so far
-                return sum(min(store.add(name, 0), len(q)) for name, q in queues.items())
+            mine, todo, progress, shares = self._rank_claims(problems, held, what)
         elif self.threads is not None:
-            threads, gpu = self.threads, next((p.device.index for p in problems.values()), -1)
-            queue = sorted((k for k in keys if k not in held), key=lambda k: -problems[k].flops)
-            todo = len(queue)
-            mine = threads.take(what, queue, gpu)
-
-            def progress() -> int:  # keys taken by every thread so far
-                return threads.taken(what, queue)
+            mine, todo, progress = self._thread_claims(problems, held, what)
         else:
             mine = [k for k in keys if k not in held]
-            todo = len(mine)
-            progress = None
+            todo, progress = len(mine), None
         done: set[str] = set()
         bar = tqdm(
             total=todo if self.tune else 0,
