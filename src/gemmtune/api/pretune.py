@@ -242,8 +242,9 @@ class PretuneResult:
 
     @property
     def tuned(self) -> int:
-        """Buckets tuned here (not found in the cache, not tuned by another rank)."""
-        return sum(row.source == "tuned" for row in self.rows)
+        """Buckets tuned by this process (not found in the cache, not tuned by another rank),
+        on any of its GPUs."""
+        return sum(row.source.partition(" on gpu")[0] == "tuned" for row in self.rows)
 
     def export(self, path: Path | str) -> int:
         """Write the table in `gemmtune cache export`'s format (`gemmtune cache import` reads
@@ -393,8 +394,8 @@ class _Rounds:
     ) -> dict[str, str]:
         """Provide the record of each key of `problems` (`provide` tunes or checks it):
         returns where each key's record came from, "cached", "tuned" (or "checked" for
-        shapes), "rank N" or "gpu N" (another rank, another thread), or "failed" where none
-        provided one."""
+        shapes; "tuned on gpu N" where the threads of `pretune_on_gpus` share the work),
+        "rank N" (another rank), or "failed" where none provided one."""
         import torch.distributed as dist
 
         results = self.chooser.results_cache()
@@ -446,15 +447,15 @@ class _Rounds:
         fresh = "tuned" if what == "bucket" else "checked"
 
         def source(key: str) -> str:
+            gpu = self.threads.taker(what, key) if self.threads is not None else None
+            if gpu is not None and results.lookup(key) is not None:
+                return f"{fresh} on gpu {gpu}"
             if key in done:
                 return fresh
             if key in held:
                 return "cached"
             if key in providers:
                 return f"rank {providers[key]}"
-            gpu = self.threads.taker(what, key) if self.threads is not None else None
-            if gpu is not None and results.lookup(key) is not None:
-                return f"gpu {gpu}"
             return "failed"
 
         return {key: source(key) for key in keys}
@@ -498,7 +499,8 @@ def pretune_on_gpus(
     """`pretune` of `gemms` split over `gpus` of this machine, in this process: a thread per
     GPU (`GpuThreads`), each tuning on its GPU's benchmark worker, all sharing the compile
     workers and the caches (the module's docstring). Returns the table: each key once, from
-    the first GPU that lists it ("gpu N": tuned by the thread of GPU N)."""
+    the first GPU that lists it, its source naming the GPU whose thread tuned it ("tuned on
+    gpu 1")."""
     if len(set(gpus)) != len(gpus):
         raise ValueError(f"gpus {list(gpus)} names a GPU twice")
     start = time.perf_counter()
