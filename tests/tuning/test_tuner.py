@@ -17,6 +17,7 @@ from gemmtune.tuning.tuner import (
     FINALISTS,
     SWEEP_SWIZZLES,
     TuneResult,
+    operand_placements,
     order_matters,
     tune,
 )
@@ -418,3 +419,16 @@ def test_a_binary_the_ranking_doubts_enters_the_final_beyond_its_places():
     # one already among the four takes no second place
     keys = [r.config.key for r in finalists_of(results[5:], 4, 0.10, doubted)]
     assert keys == ["sm90_128x128_c2x1_pp_tma_dp_rn_s1", "sm90_128x128_c2x1_pp_tma_dp_rm_s1"]
+
+
+def test_memory_bound_problems_are_timed_on_several_placements_of_their_operands():
+    model = RankingModel()
+    decode = problem(16, 8192, 8192)  # a 134 MB weight read for 4 MFLOP per row
+    assert model.memory_bound(decode)
+    assert operand_placements(decode, model) == 4
+    huge_weight = problem(16, 57344, 28672)  # 3.3 GB: a copy would not fit the budget
+    assert model.memory_bound(huge_weight)
+    assert operand_placements(huge_weight, model) == 1
+    square = problem(4096, 4096, 4096)
+    assert not model.memory_bound(square)
+    assert operand_placements(square, model) == 1

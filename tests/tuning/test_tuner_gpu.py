@@ -52,7 +52,12 @@ def check_choice(result, a, b, out, tmp_path):
 
 @pytest.mark.parametrize(
     ("m", "n", "k", "l", "column_major_b"),
-    [(1001, 1528, 2056, 1, False), (520, 4104, 1000, 3, True), (256, 1024, 16384, 1, False)],
+    [
+        (1001, 1528, 2056, 1, False),
+        (520, 4104, 1000, 3, True),
+        (256, 1024, 16384, 1, False),
+        (16, 4096, 4096, 1, True),  # memory-bound: timed on several placements of the operands
+    ],
 )
 def test_tune_end_to_end(tmp_path, m, n, k, l, column_major_b):
     from gemmtune.tuning.tuner import tune
@@ -107,6 +112,26 @@ def test_graph_replay_timing(tmp_path):
     assert 0 < replay.median_ms < 2 * plain.median_ms
     result = tune(a, b, top_k=2, sweep=0, graph=True, kernel_dir=tmp_path, progress=False)
     assert result.best is not None and not result.failures
+
+
+def test_a_memory_bound_problem_is_timed_on_copies_of_its_operands_in_turn(tmp_path):
+    from gemmtune.kernels.signature import KernelSignature
+    from gemmtune.measure.runner import GemmRunner, ProblemSpec
+    from gemmtune.tuning.tuner import device_model_for, operand_placements, tune
+
+    a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16).t()
+    problem = GemmProblem.from_tensors(a, b)
+    placements = operand_placements(problem, RankingModel(device_model_for(problem)))
+    assert placements > 1
+    runner = GemmRunner(ProblemSpec(16, 4096, 4096, 1, KernelSignature.of(problem), 0, 0, (), 3))
+    assert len({t.data_ptr() for pair in runner.placed for t in pair}) == 6
+    for pa, pb in runner.placed:
+        assert torch.equal(pa, runner.a) and torch.equal(pb, runner.b)
+    # graph replays too: one graph per placement
+    result = tune(a, b, top_k=2, sweep=0, graph=True, kernel_dir=tmp_path, progress=False)
+    assert result.best is not None and not result.failures
+    check_choice(result, a, b, torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16), tmp_path)
 
 
 def test_a_second_tune_reuses_the_helpers_and_compiles_nothing_cached(tmp_path):

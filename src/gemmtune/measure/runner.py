@@ -6,11 +6,21 @@ candidate multiplies the same tensors, and the reference (float32, or exact int3
 then, per candidate, it loads the compiled kernel, poisons the output (`verify.poison`), runs
 it, checks the result and only then times it. torch's own contender is `torch.matmul`, or
 `torch._int_mm` for int8 (`problem.integer_matmul`).
+
+A memory-bound kernel's time can depend on where in memory its operands lie: on an H100, swapped
+128x32 tiles in clusters of 2x1 read a 16 x 10240 x 8192 fp8 product in 33.6 µs at two
+allocations of the weight and 35.5 µs at three others, bf16 16 x 8192 x 8192 in 50.5 against
+56.1, while clusters of four and cuBLAS stayed within 1.2 % (`docs/tuning.md`). Timed at the
+worker's one allocation, the tuner picked configs that ran 6 % slower at the caller's. So a
+spec may ask for several `placements`: copies of the operands at different addresses, each run
+taking the next, and every contender's median is over all of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +29,7 @@ from gemmtune.core.config import CUBLAS, GemmConfig
 from gemmtune.core.problem import integer_matmul, scaled_matmul, scaled_reference
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.transpose import copying_launcher
-from gemmtune.measure.timing import IdleWarmup, L2Flusher, time_cuda, time_in_windows
+from gemmtune.measure.timing import IdleWarmup, L2Flusher, as_graph, time_cuda, time_in_windows
 from gemmtune.measure.verify import check, poison
 
 
@@ -37,6 +47,55 @@ class ProblemSpec:
     #: operands built in the layout the signature's kernel cannot read, and copied K-major
     #: before every run of a kernel (`GemmProblem.copied`): the copy is timed with it
     copied: tuple[str, ...] = ()
+    #: copies of a and b at different addresses that the runs take in turn (`placements_for`)
+    placements: int = 1
+
+
+#: What the extra placements of a problem's operands may hold in all, and at most how many
+#: there are: four copies of a 10240 x 8192 fp8 weight (84 MB) showed every allocation class
+#: seen in the measurements of the module docstring.
+PLACEMENT_BYTES = 2 << 30
+MAX_PLACEMENTS = 4
+
+
+def placements_for(operand_bytes: int, free_bytes: int | None = None) -> int:
+    """How many placements of operands of `operand_bytes` to time a memory-bound problem on:
+    as many as `MAX_PLACEMENTS` whose bytes fit `PLACEMENT_BYTES`, and whose extra copies
+    take at most a quarter of `free_bytes` (the GPU's free memory, where known), at least 1."""
+    fit = PLACEMENT_BYTES // max(operand_bytes, 1)
+    if free_bytes is not None:
+        fit = min(fit, 1 + free_bytes // (4 * max(operand_bytes, 1)))
+    return int(max(1, min(MAX_PLACEMENTS, fit)))
+
+
+def placed_copies(
+    a: torch.Tensor, b: torch.Tensor, placements: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(a, b) and `placements - 1` copies of them (same values and strides), each pair
+    allocated after a gap of an odd number of MiB, so that the copies start at other offsets
+    of the GPU's pages and memory partitions than the originals do."""
+    copies, gaps = [(a, b)], []
+    for i in range(1, placements):
+        gaps.append(torch.empty((2 * i + 1) << 20, dtype=torch.uint8, device=a.device))
+        keep = torch.preserve_format
+        copies.append((a.clone(memory_format=keep), b.clone(memory_format=keep)))
+    return copies
+
+
+def taking_turns(
+    launch: Callable[[torch.Tensor, torch.Tensor], object],
+    placed: list[tuple[torch.Tensor, torch.Tensor]],
+    graph: bool = False,
+) -> Callable[[], None]:
+    """A function whose every call runs `launch(a, b)` on the next of the `placed` operands;
+    with `graph`, each placement's launch replays a CUDA graph of its own (`as_graph`)."""
+    runs = [lambda a=a, b=b: launch(a, b) for a, b in placed]
+    if graph:
+        runs = [as_graph(run) for run in runs]
+    if len(runs) == 1:
+        return runs[0]
+    turn = itertools.cycle(runs)
+    return lambda: next(turn)()
 
 
 @dataclass(frozen=True)
@@ -166,6 +225,7 @@ class GemmRunner:
         torch.cuda.set_device(spec.device_index)
         self.spec = spec
         self.a, self.b, self.out = make_operands(spec)
+        self.placed = placed_copies(self.a, self.b, spec.placements)
         gen = torch.Generator(device=self.a.device).manual_seed(spec.seed + 1)
         self.scales = random_scales(spec.signature, spec.m, spec.n, self.a.device, gen)
         from gemmtune.kernels.launch import kernel_scales
@@ -184,7 +244,8 @@ class GemmRunner:
             self.kernels[path] = load_gemm(path, config, self.spec.signature)
         return self.kernels[path]
 
-    def _launcher(self, config: GemmConfig, kernel_path: str):
+    def _launcher(self, config: GemmConfig, kernel_path: str) -> Callable[..., None]:
+        """The config's kernel as a function of the operands (a, b)."""
         from gemmtune.kernels.launch import launch_args
 
         kernel = self._kernel(kernel_path, config)
@@ -196,32 +257,32 @@ class GemmRunner:
         if s.copied:
             kernel = copying_launcher(kernel, s.copied)
 
-        def run() -> None:
-            kernel(self.a, self.b, self.out, *self.kernel_scales, *args)
+        def launch(a: torch.Tensor, b: torch.Tensor) -> None:
+            kernel(a, b, self.out, *self.kernel_scales, *args)
 
-        return run
+        return launch
 
-    def _cublas(self) -> None:
+    def _cublas(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> None:
         fast = not self.spec.signature.promoted
-        torch_product(self.a, self.b, self.scales, self.out.dtype, fast)
+        a, b = (self.a, self.b) if a is None else (a, b)
+        torch_product(a, b, self.scales, self.out.dtype, fast)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
         keys, runs = [], []
         for text, path in zip(job.configs_json, job.kernel_paths, strict=True):
             if text == CUBLAS:
                 keys.append(CUBLAS)
-                runs.append(self._cublas)
+                runs.append(taking_turns(self._cublas, self.placed, job.graph))
             else:
                 config = GemmConfig.from_json(text)
                 keys.append(config.key)
-                runs.append(self._launcher(config, path))
+                runs.append(taking_turns(self._launcher(config, path), self.placed, job.graph))
         timings = time_in_windows(
             runs,
             window_ms=job.window_ms,
             rounds=job.rounds,
             max_runs=job.max_runs,
             flush=self.flush,
-            graph=job.graph,
             rotate=job.rotate,
         )
         self.idle.timed()
@@ -229,9 +290,9 @@ class GemmRunner:
 
     def measure(self, job: RunJob) -> Measurement:
         config = GemmConfig.from_json(job.config_json)
-        run = self._launcher(config, job.kernel_path)
+        launch = self._launcher(config, job.kernel_path)
         poison(self.out)
-        run()
+        launch(self.a, self.b)
         torch.cuda.synchronize()
         ok, err = check(self.out, self.reference, self.a.dtype)
         if not ok:
@@ -239,11 +300,10 @@ class GemmRunner:
                 config.key, None, rel_err=err, error=f"wrong result: rel err {err:.3g}"
             )
         timing = time_cuda(
-            run,
+            taking_turns(launch, self.placed, job.graph),
             warmup_ms=self.idle.warmup_ms(job.warmup_ms),
             runs=job.runs,
             flush=self.flush,
-            graph=job.graph,
         )
         self.idle.timed()
         return Measurement(config.key, timing.median_ms, timing.spread, err)

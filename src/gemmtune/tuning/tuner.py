@@ -42,7 +42,7 @@ from gemmtune.core.config import CUBLAS, SWIZZLES, GemmConfig, Raster
 from gemmtune.core.problem import GemmProblem
 from gemmtune.kernels.schedule_model import TileGrid
 from gemmtune.kernels.signature import KernelSignature
-from gemmtune.measure.runner import CompareJob, Measurement, ProblemSpec, RunJob
+from gemmtune.measure.runner import CompareJob, Measurement, ProblemSpec, RunJob, placements_for
 from gemmtune.space import candidates, refusal
 from gemmtune.space.ranking import DeviceModel, RankingModel, in_first_order
 from gemmtune.workers.bench import DEFAULT_RUNNER, BenchWorker
@@ -159,6 +159,18 @@ def device_model_for(problem: GemmProblem) -> DeviceModel:
     return DeviceModel.for_gpu(info.name, info.sm_count, resident)
 
 
+def operand_placements(problem: GemmProblem, model: RankingModel) -> int:
+    """On how many placements of its operands a problem's candidates are timed
+    (`measure.runner`): several where the problem is memory-bound, whose kernels' times can
+    depend on where the operands lie, as many as the GPU's free memory allows; one otherwise."""
+    if not model.memory_bound(problem):
+        return 1
+    p = problem
+    operand_bytes = p.l * (p.m * p.k * p.a_dtype.itemsize + p.k * p.n * p.b_dtype.itemsize)
+    free = torch.cuda.mem_get_info(p.device)[0] if torch.cuda.is_available() else None
+    return placements_for(operand_bytes, free)
+
+
 def order_matters(config: GemmConfig, problem: GemmProblem) -> bool:
     """Whether raster order and swizzle can change `config`'s time on `problem`: wherever it has
     more than one work unit. Even in a single round, where every tile runs at once, the order
@@ -230,6 +242,7 @@ def tune(
     pool = None if compiler else workers.compile_pool(problem.arch.compile_target)
     if pool is not None:
         pool.reserve(len(configs) if configs is not None else top_k)
+    model = model or RankingModel(device_model_for(problem))
     with worker.lease(run_timeout_s=run_timeout_s):
         spec = ProblemSpec(
             problem.m,
@@ -239,6 +252,7 @@ def tune(
             KernelSignature.of(problem),
             problem.device.index or 0,
             copied=problem.copied,
+            placements=operand_placements(problem, model),
         )
         setup = _Setup(worker, runner, spec)  # runs while the first kernels compile
         tuning = _Tuning(problem, worker, setup, model, progress, start)
@@ -296,7 +310,7 @@ class _Tuning:
         problem: GemmProblem,
         worker: BenchWorker,
         setup: _Setup,
-        model: RankingModel | None,
+        model: RankingModel,
         progress: bool,
         start: float,
     ):
@@ -305,8 +319,8 @@ class _Tuning:
         self.timeline: dict[str, float] = {}
         self.worker = worker
         self.setup = setup
-        self.device = device_model_for(problem) if model is None else model.device
-        self.model = model or RankingModel(self.device)
+        self.device = model.device
+        self.model = model
         self.results: list[CandidateResult] = []
         self.groups: dict[str, list[GemmConfig]] = {}  # configs by binary
         self.space: list[GemmConfig] = []
