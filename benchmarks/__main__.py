@@ -33,6 +33,7 @@ SUITES = {
     "read-ceiling": "benchmarks.read_ceiling",
     "decode-chain": "benchmarks.decode_chain",
     "int8-layouts": "benchmarks.int8_layouts",
+    "placements": "benchmarks.placements",
 }
 PLOT_HELP = "draw an existing results file as a PNG: plot FILE.json [--out PNG]"
 

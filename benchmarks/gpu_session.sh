@@ -2,7 +2,7 @@
 # One device call: environment, GPU tests, benchmark suites. Run from the repository root on
 # the GPU machine:  source .gpu/activate.sh && bash benchmarks/gpu_session.sh [steps...]
 # Steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers
-# cache timings read-ceiling decode-chain int8-layouts suite
+# cache timings read-ceiling decode-chain int8-layouts placements suite
 # (default: doctor tests public dispatch). `tests` runs `pytest -m gpu`; where one call may
 # not run longer than 10 minutes, `tests-kernels` and `tests-rest` run its two halves
 # (tests/kernels, everything else), each with its own 570 s limit. A suite step runs
@@ -23,8 +23,8 @@ python3 setup.py -q build_ext --inplace > "$OUT/build_ext.txt" 2>&1 ||
 steps=${*:-doctor tests public dispatch}
 for step in $steps; do  # check every name before the first step's minutes are spent
   case $step in
-    doctor | tests | tests-kernels | tests-rest | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | decode-chain | int8-layouts | suite) ;;
-    *) echo "unknown step $step (steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers cache timings read-ceiling decode-chain int8-layouts suite)" >&2; exit 2 ;;
+    doctor | tests | tests-kernels | tests-rest | public | dispatch | cost | serving | pretune | kernel | peers | cache | timings | read-ceiling | decode-chain | int8-layouts | placements | suite) ;;
+    *) echo "unknown step $step (steps: doctor tests tests-kernels tests-rest public dispatch cost serving pretune kernel peers cache timings read-ceiling decode-chain int8-layouts placements suite)" >&2; exit 2 ;;
   esac
 done
 

@@ -16,7 +16,7 @@ from benchmarks.__main__ import main as benchmarks_main
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED_SUITES = (
     "public", "serving", "dispatch", "tuning-cost", "pretune", "kernel", "peers", "cache",
-    "timings", "first-pass", "read-ceiling", "decode-chain", "int8-layouts",
+    "timings", "first-pass", "read-ceiling", "decode-chain", "int8-layouts", "placements",
 )  # fmt: skip
 
 
