@@ -47,7 +47,8 @@ class ProblemSpec:
     #: operands built in the layout the signature's kernel cannot read, and copied K-major
     #: before every run of a kernel (`GemmProblem.copied`): the copy is timed with it
     copied: tuple[str, ...] = ()
-    #: copies of a and b at different addresses that the runs take in turn (`placements_for`)
+    #: copies of a and b at different addresses that the runs take in turn: at most this many,
+    #: as the GPU's free memory allows (`placements_for`)
     placements: int = 1
 
 
@@ -225,7 +226,11 @@ class GemmRunner:
         torch.cuda.set_device(spec.device_index)
         self.spec = spec
         self.a, self.b, self.out = make_operands(spec)
-        self.placed = placed_copies(self.a, self.b, spec.placements)
+        operand_bytes = sum(t.numel() * t.element_size() for t in (self.a, self.b))
+        free = torch.cuda.mem_get_info(self.a.device)[0]
+        self.placed = placed_copies(
+            self.a, self.b, min(spec.placements, placements_for(operand_bytes, free))
+        )
         gen = torch.Generator(device=self.a.device).manual_seed(spec.seed + 1)
         self.scales = random_scales(spec.signature, spec.m, spec.n, self.a.device, gen)
         from gemmtune.kernels.launch import kernel_scales

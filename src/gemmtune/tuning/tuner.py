@@ -162,13 +162,12 @@ def device_model_for(problem: GemmProblem) -> DeviceModel:
 def operand_placements(problem: GemmProblem, model: RankingModel) -> int:
     """On how many placements of its operands a problem's candidates are timed
     (`measure.runner`): several where the problem is memory-bound, whose kernels' times can
-    depend on where the operands lie, as many as the GPU's free memory allows; one otherwise."""
+    depend on where the operands lie (the runner makes as many as the GPU's free memory
+    allows); one otherwise."""
     if not model.memory_bound(problem):
         return 1
     p = problem
-    operand_bytes = p.l * (p.m * p.k * p.a_dtype.itemsize + p.k * p.n * p.b_dtype.itemsize)
-    free = torch.cuda.mem_get_info(p.device)[0] if torch.cuda.is_available() else None
-    return placements_for(operand_bytes, free)
+    return placements_for(p.l * (p.m * p.k * p.a_dtype.itemsize + p.k * p.n * p.b_dtype.itemsize))
 
 
 def order_matters(config: GemmConfig, problem: GemmProblem) -> bool:
