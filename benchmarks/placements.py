@@ -67,9 +67,8 @@ def main(argv: list[str] | None = None) -> Path:
     from gemmtune.space import refusal
 
     m, n, k = (int(x) for x in args.shape.split("x"))
-    dtype = torch_dtype(args.dtype)
-    out_dtype = {torch.int8: torch.int32, torch.float8_e4m3fn: torch.bfloat16}.get(dtype, dtype)
-    problem = GemmProblem.of_shape(m, n, k, dtype=dtype, out_dtype=out_dtype, layout="tt")
+    # the output of default_out_dtype: int32 for int8, bf16 for fp8
+    problem = GemmProblem.of_shape(m, n, k, dtype=torch_dtype(args.dtype), layout="tt")
     signature = KernelSignature.of(problem)
     configs = [GemmConfig.from_key(key) for key in args.configs.split(",")]
     for config in configs:

@@ -240,7 +240,7 @@ class GemmRunner:
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
         self.idle = IdleWarmup()
-        self.idle.warm(self._cublas)  # the first kernels are still compiling
+        self.idle.warm(lambda: self._cublas(self.a, self.b))  # the first kernels still compile
 
     def _kernel(self, path: str, config: GemmConfig):
         from gemmtune.kernels.build import load_gemm
@@ -267,9 +267,8 @@ class GemmRunner:
 
         return launch
 
-    def _cublas(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> None:
+    def _cublas(self, a: torch.Tensor, b: torch.Tensor) -> None:
         fast = not self.spec.signature.promoted
-        a, b = (self.a, self.b) if a is None else (a, b)
         torch_product(a, b, self.scales, self.out.dtype, fast)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
