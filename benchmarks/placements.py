@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--shape", default=DEFAULT_SHAPE, metavar="MxNxK")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "e4m3", "int8"), default="e4m3")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, metavar="KEY[,KEY...]")
+    parser.add_argument(
+        "--accumulation",
+        choices=("fast", "promoted"),
+        default="fast",
+        help="fp8: the tensor cores' own sums, or promoted to fp32 every 128 elements of K",
+    )
     parser.add_argument("--placements", type=int, default=5)
     parser.add_argument("--window-ms", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=3)
@@ -68,7 +74,10 @@ def main(argv: list[str] | None = None) -> Path:
 
     m, n, k = (int(x) for x in args.shape.split("x"))
     # the output of default_out_dtype: int32 for int8, bf16 for fp8
-    problem = GemmProblem.of_shape(m, n, k, dtype=torch_dtype(args.dtype), layout="tt")
+    promoted = args.dtype == "e4m3" and args.accumulation == "promoted"
+    problem = GemmProblem.of_shape(
+        m, n, k, dtype=torch_dtype(args.dtype), layout="tt", promoted=promoted
+    )
     signature = KernelSignature.of(problem)
     configs = [GemmConfig.from_key(key) for key in args.configs.split(",")]
     for config in configs:
@@ -101,12 +110,13 @@ def main(argv: list[str] | None = None) -> Path:
     for key, spread in spread_by_config(rows).items():
         print(f"{key:48s} slowest placement {100 * (spread - 1):5.1f} % above the fastest")
     method = (
-        f"{args.shape} {args.dtype} (A and B K-major, torch.randn), {args.placements} "
+        f"{args.shape} {args.dtype}{' promoted' if promoted else ''} (A and B K-major, "
+        f"torch.randn), {args.placements} "
         "allocations of the operands in one process (a GemmRunner each, seeds 0..., a gap of an "
         "odd number of MiB after each), at each the configs and torch's product timed by "
         f"GemmRunner.compare: windows of ~{args.window_ms:g} ms taken in turn {args.rounds} "
         "times, the L2 emptied by a read before every run, the launch hold, CUDA events, median"
     )
     # one file per problem: a session of several problems keeps each one's rows
-    name = f"placements-{args.shape}-{args.dtype}"
+    name = f"placements-{args.shape}-{args.dtype}{'-promoted' if promoted else ''}"
     return write_results("placements", method, rows, args.out_dir, name=name)
