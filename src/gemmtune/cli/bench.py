@@ -10,11 +10,12 @@ or the transpose of a row-major (N, K) weight as in a linear layer's `x @ w.t()`
 nk`); one tuned_gemm call (which tunes its bucket in mode "tune"), a correctness check
 against a float32 reference (int8: the exact int32 product), then tuned_gemm and torch.matmul
 (int8: gemmtune.int_mm and torch._int_mm; fp8: gemmtune.scaled_mm and torch._scaled_mm, both
-with fast accumulation and a bf16 output) timed on the same tensors, each
-alone in windows of about 100 ms taken in turn three times (`time_in_windows`: each at the
-clocks its own power allows), L2 emptied by a read before every run. Each row also says how
-many bytes per second each moved (`gbps`: A and B read once, the output written once) and
-what fraction that is of the GPU's memory bandwidth, measured at the start of the run
+with fast accumulation and a bf16 output) timed on the same tensors, each alone in windows
+of about 100 ms taken in turn three times (`time_in_windows`: each at the clocks its own
+power allows), L2 emptied by a read before every run, each run on the next of up to four
+placements of the operands (`placed_operands`; the row's `placements`). Each row also says
+how many bytes per second each moved (`gbps`: A and B read once, the output written once)
+and what fraction that is of the GPU's memory bandwidth, measured at the start of the run
 (`bw_fraction`, `measure.bandwidth`).
 """
 
@@ -83,8 +84,8 @@ def plan_config(a, b, mode: str, scales: tuple = (), fast_accum: bool = True) ->
 FP8_OUT = torch.bfloat16
 
 
-def contenders(a, b, mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
-    """(ours, torch's) for `a @ b` as callables: tuned_gemm and torch.matmul, or for int8 the
+def contenders(mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
+    """(ours, torch's) as functions of (a, b): tuned_gemm and torch.matmul, or for int8 the
     product through tuned_gemm and torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and
     torch._scaled_mm, both with `use_fast_accum=fast_accum`."""
     from gemmtune.api.dispatch import scaled_mm, tuned_gemm
@@ -93,10 +94,21 @@ def contenders(a, b, mode: str, scales: tuple, fast_accum: bool = True) -> tuple
     if scales:
         options = {"out_dtype": FP8_OUT, "use_fast_accum": fast_accum}
         return (
-            functools.partial(scaled_mm, a, b, *scales, **options),
-            functools.partial(torch._scaled_mm, a, b, *scales, **options),
+            lambda a, b: scaled_mm(a, b, *scales, **options),
+            lambda a, b: torch._scaled_mm(a, b, *scales, **options),
         )
-    return functools.partial(tuned_gemm, a, b, mode=mode), functools.partial(torch_product, a, b)
+    return functools.partial(tuned_gemm, mode=mode), torch_product
+
+
+def placed_operands(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(a, b) and the copies of them both contenders take turns on (`measure.runner`:
+    `placements_for`, `placed_copies`): some kernels' times, torch's among them, depend on
+    where their operands lie, by a few percent, so one allocation would decide a ratio by luck
+    (`docs/tuning.md`)."""
+    from gemmtune.measure.runner import placed_copies, placements_for
+
+    free, _ = torch.cuda.mem_get_info(a.device)
+    return placed_copies(a, b, placements_for(a.nbytes + b.nbytes, free))
 
 
 # as triton's do_bench and the baselines: long enough for the GPU's clocks to follow the kernel
@@ -118,7 +130,12 @@ def compare_with_cublas(
     `scaling` and `fast_accum` are an fp8 product's."""
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
-    from gemmtune.measure.runner import random_scales, random_tensor, reference_product
+    from gemmtune.measure.runner import (
+        random_scales,
+        random_tensor,
+        reference_product,
+        taking_turns,
+    )
 
     m, n, k = int(shape["m"]), int(shape["n"]), int(shape["k"])
     dtype = torch_dtype(dtype_name)
@@ -135,13 +152,17 @@ def compare_with_cublas(
     if fp8:
         signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling)
         scales = random_scales(signature, m, np_, a.device)
-    ours_call, torch_call = contenders(a, b, mode, scales, fast_accum)
-    ours_call()  # tunes the shape's bucket in mode "tune" (fp8: after torch's first answer)
-    ours_call()
-    ok, err = check(ours_call(), reference_product(a, b, scales), a.dtype)
+    ours_fn, torch_fn = contenders(mode, scales, fast_accum)
+    ours_fn(a, b)  # tunes the shape's bucket in mode "tune" (fp8: after torch's first answer)
+    ours_fn(a, b)
+    ok, err = check(ours_fn(a, b), reference_product(a, b, scales), a.dtype)
     config = plan_config(a, b, mode, scales, fast_accum)
+    placed = placed_operands(a, b)
     ours, cublas = time_in_windows(
-        [ours_call, torch_call], window_ms=WINDOW_MS, max_runs=runs, flush=flush
+        [taking_turns(ours_fn, placed), taking_turns(torch_fn, placed)],
+        window_ms=WINDOW_MS,
+        max_runs=runs,
+        flush=flush,
     )
     flops = 2 * m * n * k
     moved = gemm_bytes(m, n, k, a.element_size(), output_itemsize(a))
@@ -164,6 +185,7 @@ def compare_with_cublas(
         "mode": mode,
         "gbps": moved / (ours.median_ms * 1e-3) / 1e9,
         "cublas_gbps": moved / (cublas.median_ms * 1e-3) / 1e9,
+        "placements": len(placed),
     }
     if (kp, np_) != (k, n):
         row["padded_to"] = {"k": kp, "n": np_}
@@ -216,9 +238,11 @@ def results_document(
             f"gemmtune bench --mode {mode}: tuned_gemm against torch.matmul, each alone in "
             f"windows of ~{WINDOW_MS:.0f} ms (at most {runs} runs) taken in turn 3 times, 10 ms "
             f"warm-up before each, CUDA events, L2 emptied before every run (a read of twice its "
-            f"size), median of all its runs; bytes moved = A and B read once, the output "
-            f"written once; the GPU's memory bandwidth {bandwidth} (measure.bandwidth: a sum "
-            f"and a copy over 2 GiB, medians, the faster the reference of bw_fraction); "
+            f"size), each run on the next of the row's `placements` copies of the operands (up "
+            f"to 4 within 2 GiB, each after a gap of an odd number of MiB; both contenders on "
+            f"the same copies), median of all its runs; bytes moved = A and B read once, the "
+            f"output written once; the GPU's memory bandwidth {bandwidth} (measure.bandwidth: "
+            f"a sum and a copy over 2 GiB, medians, the faster the reference of bw_fraction); "
             f"{dtype_name} torch.randn inputs"
         ),
         "rows": rows,
