@@ -117,6 +117,6 @@ def main(argv: list[str] | None = None) -> Path:
         f"GemmRunner.compare: windows of ~{args.window_ms:g} ms taken in turn {args.rounds} "
         "times, the L2 emptied by a read before every run, the launch hold, CUDA events, median"
     )
-    # one file per problem: a session of several problems keeps each one's rows
+    # one file per problem: several problems run into one folder keep each one's rows
     name = f"placements-{args.shape}-{args.dtype}{'-promoted' if promoted else ''}"
     return write_results("placements", method, rows, args.out_dir, name=name)

@@ -102,13 +102,11 @@ def contenders(mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
 
 def placed_operands(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(a, b) and the copies of them both contenders take turns on (`measure.runner`:
-    `placements_for`, `placed_copies`): some kernels' times, torch's among them, depend on
-    where their operands lie, by a few percent, so one allocation would decide a ratio by luck
-    (`docs/tuning.md`)."""
-    from gemmtune.measure.runner import placed_copies, placements_for
+    `fitting_copies`): some kernels' times, torch's among them, depend on where their operands
+    lie, by a few percent, so one allocation would decide a ratio by luck (`docs/tuning.md`)."""
+    from gemmtune.measure.runner import fitting_copies
 
-    free, _ = torch.cuda.mem_get_info(a.device)
-    return placed_copies(a, b, placements_for(a.nbytes + b.nbytes, free))
+    return fitting_copies(a, b)
 
 
 # as triton's do_bench and the baselines: long enough for the GPU's clocks to follow the kernel

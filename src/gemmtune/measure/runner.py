@@ -83,6 +83,15 @@ def placed_copies(
     return copies
 
 
+def fitting_copies(
+    a: torch.Tensor, b: torch.Tensor, at_most: int = MAX_PLACEMENTS
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`placed_copies` of GPU operands, at most `at_most` placements and as many as
+    `placements_for` allows in the GPU's free memory."""
+    free = torch.cuda.mem_get_info(a.device)[0]
+    return placed_copies(a, b, min(at_most, placements_for(a.nbytes + b.nbytes, free)))
+
+
 def taking_turns(
     launch: Callable[[torch.Tensor, torch.Tensor], object],
     placed: list[tuple[torch.Tensor, torch.Tensor]],
@@ -226,11 +235,7 @@ class GemmRunner:
         torch.cuda.set_device(spec.device_index)
         self.spec = spec
         self.a, self.b, self.out = make_operands(spec)
-        operand_bytes = sum(t.numel() * t.element_size() for t in (self.a, self.b))
-        free = torch.cuda.mem_get_info(self.a.device)[0]
-        self.placed = placed_copies(
-            self.a, self.b, min(spec.placements, placements_for(operand_bytes, free))
-        )
+        self.placed = fitting_copies(self.a, self.b, spec.placements)
         gen = torch.Generator(device=self.a.device).manual_seed(spec.seed + 1)
         self.scales = random_scales(spec.signature, spec.m, spec.n, self.a.device, gen)
         from gemmtune.kernels.launch import kernel_scales
