@@ -255,6 +255,27 @@ def test_promoted_fp8_compiles_two_promotion_steps_per_wide_stage(pool):
 
 
 @needs_nvdisasm
+def test_promoted_fp8_tiles_of_72_accumulators_hold_two_partial_tiles_without_spills(pool):
+    """128x144 cooperative and 64x144 ping-pong tiles, promoted, TMA-stored, data-parallel:
+    three register tiles of 72 in 240 registers (`rules.LEAN_PROMOTED_OVERHEAD_REGISTERS`),
+    per tensor and per row, each output type, both ranks."""
+    configs = [
+        GemmConfig(tile_m=128, tile_n=144, cluster_m=2),
+        GemmConfig(tile_m=128, tile_n=144, swap_ab=True),
+        GemmConfig(tile_m=64, tile_n=144, schedule="pingpong", cluster_n=2),
+    ]
+    signatures = [
+        *(sig for sig in EIGHT_BIT_SIGNATURES if sig.promoted),
+        KernelSignature("e5m2", "fp16", "k", "k", "n", True, b_dtype="e4m3", scaling="tensor",
+                        promoted=True),
+    ]  # fmt: skip
+    assert [rules.promotion_buffers(c) for c in configs] == [2, 2, 2]
+    jobs = [CompileJob(c, sig) for c in configs for sig in signatures]
+    assert not [j for j in jobs if rules.signature_reason(j.config, j.signature)]
+    _check(pool, jobs)
+
+
+@needs_nvdisasm
 def test_192_row_tiles_beside_the_refused_ones_compile_batched_without_spills(pool):
     # the neighbours of `rules.BATCHED_SPILLING_TILES`, on two clusters and both epilogues
     batched = KernelSignature(batched=True)

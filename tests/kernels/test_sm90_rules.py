@@ -175,6 +175,14 @@ def test_promoted_fp8_keeps_a_spare_tile_of_partial_sums_where_three_fit():
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=128)) == 2  # 3 x 64 <= 200
     assert sm90.promotion_buffers(GemmConfig(tile_m=64, tile_n=16, schedule="pingpong")) == 2
     assert sm90.promotion_buffers(GemmConfig(tile_m=128, tile_n=192)) == 1  # 3 x 96 > 200
+    # 3 x 72 fits 240 registers beside TMA stores without split-K only
+    wave = GemmConfig(tile_m=128, tile_n=144, cluster_m=2)
+    assert sm90.promotion_buffers(wave) == 2
+    assert sm90.register_split(wave, sm90.promoted_register_tiles(wave)) == (24, 240)
+    assert sm90.promotion_buffers(dataclasses.replace(wave, tile_m=64, schedule="pingpong")) == 2
+    assert sm90.promotion_buffers(dataclasses.replace(wave, tma_store=False)) == 1
+    split = dataclasses.replace(wave, decomposition="split_k", splits=2)
+    assert sm90.promotion_buffers(split) == 1
     # two-step stages: two pairs where five tiles fit (5 x 8), else one pair (5 x 48 > 208)
     wide = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256)
     assert sm90.promotion_buffers(wide) == 4

@@ -44,6 +44,11 @@ REGISTER_FILE = 65536
 #: Registers a consumer thread needs besides its accumulators (addressing, the epilogue's
 #: conversion, the pipeline state) so as not to spill.
 CONSUMER_OVERHEAD_REGISTERS = 32
+#: What a promoted fp8 consumer needs besides its register tiles where no split-K sum scatters
+#: partials and TMA stores the tile: three tiles of 72 (128x144 cooperative, 64x144 ping-pong)
+#: compile without spills in 240 registers in every scaling and output type, data-parallel or
+#: stream-K; split-K or thread stores beside them spill (2-27 local-memory operations).
+LEAN_PROMOTED_OVERHEAD_REGISTERS = 24
 #: Split-K's scattered sum needs registers beyond the accumulators: its tiles spill above this
 #: many accumulator registers per thread.
 SPLIT_K_MAX_ACCUMULATOR_REGISTERS = 160
@@ -160,12 +165,15 @@ def promotion_buffers(config: GemmConfig) -> int:
     """Register tiles of partial sums a promoted fp8 binary keeps beside its accumulators
     (`mainloop.mma_tile_promoted`): four for two-step stages where five tiles fit a consumer's
     registers (one stage's two steps run while the other's sums are added), two where three
-    fit (one step runs while the other is added), else one (`signature_reason` refuses tiles
-    where two do not fit)."""
+    fit (one step runs while the other is added; beside TMA stores without split-K, three
+    tiles need `LEAN_PROMOTED_OVERHEAD_REGISTERS` more), else one (`signature_reason` refuses
+    tiles where two do not fit)."""
     regs = accumulator_registers(config)
     if promotion_steps(config) == 2 and 5 * regs <= max_accumulator_registers(config, 5):
         return 4
-    return 2 if 3 * regs <= max_accumulator_registers(config, 3) else 1
+    lean = config.tma_store and config.decomposition is not Decomposition.SPLIT_K
+    overhead = LEAN_PROMOTED_OVERHEAD_REGISTERS if lean else CONSUMER_OVERHEAD_REGISTERS
+    return 2 if 3 * regs <= register_split(config, 3)[1] - overhead else 1
 
 
 def promoted_register_tiles(config: GemmConfig) -> int:
