@@ -48,6 +48,9 @@ sm90_64x16_c4x1_swap_pp_tma_k256_dp |  8x4096x14336 | e4m3 e4m3 bf16 | n | tenso
 sm90_128x32_c1x1_swap_coop_st_k256_sk4 | 5x6144x8208 | e4m3 e5m2 fp32 | n | row promoted
 sm90_64x48_c1x1_pp_tma_k256_streamk |  40x2048x4112 | e4m3 e4m3 fp32 | m | tensor promoted
 sm90_128x208_c2x1_coop_tma_dp       | 1001x1528x2064 | e4m3 e4m3 bf16 | n | tensor promoted
+sm90_128x144_c2x1_coop_tma_dp       | 1001x4352x4112 | e4m3 e4m3 bf16 | n | tensor promoted
+sm90_64x144_c1x2_pp_tma_dp          |  999x1000x3008 | e4m3 e5m2 fp32 | m | row promoted
+sm90_128x144_c1x1_swap_coop_tma_dp  |  200x2304x8192 | e4m3 e4m3 fp16 | n | row promoted
 sm90_128x48_c1x1_swap_pp_tma_k256_dp |  16x6144x4112 | e4m3 e4m3 bf16 | n | tensor promoted
 sm90_64x16_c1x1_swap_pp_tma_k256_dp |   8x1024x208 | e4m3 e4m3 bf16 | n | row promoted
 sm90_64x208_c1x1_swap_pp_st_dp      |  264x392x208 | e4m3 e5m2 fp32 | m | row promoted
@@ -136,6 +139,8 @@ def test_every_row_and_column_gets_its_own_scale():
     "config",
     [
         GemmConfig(tile_m=128, tile_n=128),
+        # 72 accumulators and two tiles of partial sums in 240 registers
+        GemmConfig(tile_m=128, tile_n=144, cluster_m=2),
         # two promotion steps per 256-byte stage, stages alternating between two pairs of tiles
         GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True, stage_k_bytes=256),
     ],
