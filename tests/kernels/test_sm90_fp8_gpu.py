@@ -49,7 +49,7 @@ sm90_128x32_c1x1_swap_coop_st_k256_sk4 | 5x6144x8208 | e4m3 e5m2 fp32 | n | row 
 sm90_64x48_c1x1_pp_tma_k256_streamk |  40x2048x4112 | e4m3 e4m3 fp32 | m | tensor promoted
 sm90_128x208_c2x1_coop_tma_dp       | 1001x1528x2064 | e4m3 e4m3 bf16 | n | tensor promoted
 sm90_128x144_c2x1_coop_tma_dp       | 1001x4352x4112 | e4m3 e4m3 bf16 | n | tensor promoted
-sm90_64x144_c1x2_pp_tma_dp          |  999x1000x3008 | e4m3 e5m2 fp32 | m | row promoted
+sm90_64x144_c1x2_pp_tma_dp          | 1000x1001x3008 | e4m3 e5m2 fp32 | m | row promoted
 sm90_128x144_c1x1_swap_coop_tma_dp  |  200x2304x8192 | e4m3 e4m3 fp16 | n | row promoted
 sm90_128x48_c1x1_swap_pp_tma_k256_dp |  16x6144x4112 | e4m3 e4m3 bf16 | n | tensor promoted
 sm90_64x16_c1x1_swap_pp_tma_k256_dp |   8x1024x208 | e4m3 e4m3 bf16 | n | row promoted
