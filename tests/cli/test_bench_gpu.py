@@ -4,16 +4,17 @@ same placements of the operands."""
 import pytest
 import torch
 
-from gemmtune.cli.bench import compare_with_cublas, placed_operands
+from gemmtune.cli.bench import compare_with_cublas
+from gemmtune.measure.runner import fitting_copies
 from gemmtune.measure.timing import L2Flusher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 
-def test_placed_operands_are_equal_copies_at_other_addresses():
+def test_the_bench_placements_are_equal_copies_at_other_addresses():
     a = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16).t()
-    placed = placed_operands(a, b)
+    placed = fitting_copies(a, b)
     assert len(placed) == 4 and placed[0][0] is a and placed[0][1] is b
     assert len({w.data_ptr() for _, w in placed}) == 4
     assert all(torch.equal(w, b) and w.stride() == b.stride() for _, w in placed)

@@ -13,10 +13,10 @@ against a float32 reference (int8: the exact int32 product), then tuned_gemm and
 with fast accumulation and a bf16 output) timed on the same tensors, each alone in windows
 of about 100 ms taken in turn three times (`time_in_windows`: each at the clocks its own
 power allows), L2 emptied by a read before every run, each run on the next of up to four
-placements of the operands (`placed_operands`; the row's `placements`). Each row also says
-how many bytes per second each moved (`gbps`: A and B read once, the output written once)
-and what fraction that is of the GPU's memory bandwidth, measured at the start of the run
-(`bw_fraction`, `measure.bandwidth`).
+placements of the operands (`measure.runner.fitting_copies`; the row's `placements`). Each
+row also says how many bytes per second each moved (`gbps`: A and B read once, the output
+written once) and what fraction that is of the GPU's memory bandwidth, measured at the start
+of the run (`bw_fraction`, `measure.bandwidth`).
 """
 
 from __future__ import annotations
@@ -100,15 +100,6 @@ def contenders(mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
     return functools.partial(tuned_gemm, mode=mode), torch_product
 
 
-def placed_operands(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(a, b) and the copies of them both contenders take turns on (`measure.runner`:
-    `fitting_copies`): some kernels' times, torch's among them, depend on where their operands
-    lie, by a few percent, so one allocation would decide a ratio by luck (`docs/tuning.md`)."""
-    from gemmtune.measure.runner import fitting_copies
-
-    return fitting_copies(a, b)
-
-
 # as triton's do_bench and the baselines: long enough for the GPU's clocks to follow the kernel
 WINDOW_MS = 100.0
 
@@ -129,6 +120,7 @@ def compare_with_cublas(
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
     from gemmtune.measure.runner import (
+        fitting_copies,
         random_scales,
         random_tensor,
         reference_product,
@@ -155,7 +147,9 @@ def compare_with_cublas(
     ours_fn(a, b)
     ok, err = check(ours_fn(a, b), reference_product(a, b, scales), a.dtype)
     config = plan_config(a, b, mode, scales, fast_accum)
-    placed = placed_operands(a, b)
+    # some kernels' times, torch's among them, depend on where their operands lie, by a few
+    # percent: one allocation would decide a ratio by luck (`docs/tuning.md`)
+    placed = fitting_copies(a, b)
     ours, cublas = time_in_windows(
         [taking_turns(ours_fn, placed), taking_turns(torch_fn, placed)],
         window_ms=WINDOW_MS,

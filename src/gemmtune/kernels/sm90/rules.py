@@ -47,7 +47,7 @@ CONSUMER_OVERHEAD_REGISTERS = 32
 #: What a promoted fp8 consumer needs besides its register tiles where no split-K sum scatters
 #: partials and TMA stores the tile: three tiles of 72 (128x144 cooperative, 64x144 ping-pong)
 #: compile without spills in 240 registers in every scaling and output type, data-parallel or
-#: stream-K; split-K or thread stores beside them spill (2-27 local-memory operations).
+#: stream-K; split-K or thread stores beside them spill (2-71 local-memory operations).
 LEAN_PROMOTED_OVERHEAD_REGISTERS = 24
 #: Split-K's scattered sum needs registers beyond the accumulators: its tiles spill above this
 #: many accumulator registers per thread.
