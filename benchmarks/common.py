@@ -47,11 +47,14 @@ def gpu_tag(device_name: str | None = None) -> str:
     return name.replace(" ", "-")
 
 
-def suite_file_name(suite: str, dtypes: list[str], scaling: str, accumulation: str) -> str:
+def suite_file_name(
+    suite: str, dtypes: list[str], scaling: str, accumulation: str, bias: bool = False
+) -> str:
     """The results file name of a suite run: the suite's (16-bit inputs), `<suite>-int8`, or
-    `<suite>-fp8-<scaling>[-promoted]` where those types are measured."""
+    `<suite>-fp8-<scaling>[-promoted][-bias]` where those types are measured."""
     if set(dtypes) & {"e4m3", "e5m2"}:
-        return f"{suite}-fp8-{scaling}" + ("-promoted" if accumulation == "promoted" else "")
+        promoted = "-promoted" if accumulation == "promoted" else ""
+        return f"{suite}-fp8-{scaling}{promoted}" + ("-bias" if bias else "")
     return f"{suite}-int8" if "int8" in dtypes else suite
 
 

@@ -50,12 +50,14 @@ def bench_run(
     layout: str = "kn",
     scaling: str = "tensor",
     accumulation: str = "fast",
+    bias: bool = False,
 ) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
     cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`
-    (`scaling` and `accumulation`: an fp8 product's)."""
+    (`scaling`, `accumulation` and `bias`: an fp8 product's)."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
     command += ["--layout", layout, "--scaling", scaling, "--accumulation", accumulation]
+    command += ["--bias"] if bias else []
     command += ["--shapes", str(shapes)] if shapes is not None else ["--suite", suite]
     with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
         env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
     parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
+    parser.add_argument("--bias", action="store_true", help=BIAS_HELP)
     parser.add_argument(
         "--contenders", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS)
     )
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> Path:
                 layout=args.layout,
                 scaling=args.scaling,
                 accumulation=args.accumulation,
+                bias=args.bias,
             )
             # the bench's method names the dtype; the dtypes are listed once below
             methods.add(document["method"].rsplit(";", 1)[0])
@@ -128,19 +132,27 @@ def main(argv: list[str] | None = None) -> Path:
     method = (
         f"per dtype ({', '.join(args.dtype)}) a run per contender, each a new process with an "
         f"empty cache folder: {' and '.join(described[c] for c in args.contenders)}; each run: "
-        f"{' | '.join(sorted(methods))}; {input_kind(args.dtype, args.scaling, args.accumulation)}"
+        f"{' | '.join(sorted(methods))}; "
+        f"{input_kind(args.dtype, args.scaling, args.accumulation, args.bias)}"
     )
-    name = suite_file_name("public", args.dtype, args.scaling, args.accumulation)
+    name = suite_file_name("public", args.dtype, args.scaling, args.accumulation, args.bias)
     return write_results("kernel", method, rows, args.out_dir, name=name)
 
 
-def input_kind(dtypes: list[str], scaling: str = "tensor", accumulation: str = "fast") -> str:
+#: what `--bias` asks of both contenders
+BIAS_HELP = "fp8: both contenders add a bias (one bf16 element per output column)"
+
+
+def input_kind(
+    dtypes: list[str], scaling: str = "tensor", accumulation: str = "fast", bias: bool = False
+) -> str:
     """How the suite's inputs were drawn, for a results file's method."""
     kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
     if set(dtypes) & set(FP8):
+        biased = ", a bf16 bias per column (torch.randn times the square root of K)" * bias
         kinds.append(
             f"fp8 inputs torch.randn rounded to fp8, scales uniform in [0.5, 1.5) per {scaling}, "
-            "bf16 output; ours gemmtune.scaled_mm, contender torch._scaled_mm, both with "
+            f"bf16 output{biased}; ours gemmtune.scaled_mm, contender torch._scaled_mm, both with "
             f"use_fast_accum={accumulation == 'fast'}"
         )
     if "int8" in dtypes:

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import RESULTS, suite_file_name, write_results
-from benchmarks.public import CONTENDERS, bench_run, describe, input_kind
+from benchmarks.public import BIAS_HELP, CONTENDERS, bench_run, describe, input_kind
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
 from gemmtune.core.dtypes import KERNEL_INPUTS, SCALINGS
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument("--scaling", default="tensor", choices=list(SCALINGS))
     parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
+    parser.add_argument("--bias", action="store_true", help=BIAS_HELP)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     shapes = selected(args.only)
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> Path:
                     layout=layout,
                     scaling=args.scaling,
                     accumulation=args.accumulation,
+                    bias=args.bias,
                 )
                 methods.add(document["method"].rsplit(";", 1)[0])
                 for row in document["rows"]:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> Path:
         f"serving suite ({len(shapes)} shapes), per dtype ({', '.join(args.dtype)}), b layout "
         f"({', '.join(args.layout)}) and contender ({', '.join(args.contenders)}) a new process "
         f"with an empty cache folder; each run: {' | '.join(sorted(methods))}; "
-        f"{input_kind(args.dtype, args.scaling, args.accumulation)}"
+        f"{input_kind(args.dtype, args.scaling, args.accumulation, args.bias)}"
     )
-    name = suite_file_name("serving", args.dtype, args.scaling, args.accumulation)
+    name = suite_file_name("serving", args.dtype, args.scaling, args.accumulation, args.bias)
     return write_results("kernel", method, rows, args.out_dir, name=name)

@@ -83,13 +83,9 @@ def test_calls_ours_does_not_serve_are_torch_scaled_mm():
 
     a, w = fp8(256, 512), fp8(384, 512)
     sa, sb = scales(256, 384, "tensor")
-    bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
-    for options in (
-        {"out_dtype": torch.bfloat16, "use_fast_accum": True, "bias": bias},
-        {"out_dtype": torch.float8_e4m3fn, "use_fast_accum": True},  # an fp8 output
-    ):
-        got = gemmtune.scaled_mm(a, w.t(), sa, sb, **options)
-        assert torch.equal(got, torch._scaled_mm(a, w.t(), sa, sb, **options))
+    options = {"out_dtype": torch.float8_e4m3fn, "use_fast_accum": True}  # an fp8 output
+    got = gemmtune.scaled_mm(a, w.t(), sa, sb, **options)
+    assert torch.equal(got, torch._scaled_mm(a, w.t(), sa, sb, **options))
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "row"])

@@ -328,3 +328,34 @@ def test_constant_b_binaries_compile_without_spills(pool):
          KernelSignature(b_major="k", constant_b=True)),
     ]  # fmt: skip
     _check(pool, [CompileJob(config, signature) for config, signature in cases])
+
+
+@needs_nvdisasm
+def test_bias_binaries_below_their_register_limits_compile_without_spills(pool):
+    """A bias (`kernels/bias.py`) along the tile's columns or, swapped, its rows, in every
+    decomposition, 16-bit and fp8 (per tensor, per row, promoted), each tile just below the
+    limit `rules.bias_register_limit` or `rules.thread_store_register_limit` sets."""
+    bf16 = KernelSignature("bf16", "bf16", "k", "k", "n", bias=True)
+    fp16_m = KernelSignature("fp16", "fp32", "k", "k", "m", bias=True)
+    tensor = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="tensor", bias=True)
+    row = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="row", bias=True)
+    promoted = dataclasses.replace(tensor, promoted=True)
+    split_k, stream_k = Decomposition.SPLIT_K, Decomposition.STREAM_K
+    cases = [
+        (GemmConfig(tile_m=128, tile_n=168, schedule="pingpong", swap_ab=True), bf16),
+        (GemmConfig(tile_m=256, tile_n=208, cluster_n=2), bf16),
+        (GemmConfig(tile_m=128, tile_n=256, decomposition=stream_k), bf16),
+        (GemmConfig(tile_m=128, tile_n=224, tma_store=False, decomposition=split_k, splits=2),
+         fp16_m),
+        (GemmConfig(tile_m=64, tile_n=16, cluster_m=4, swap_ab=True, schedule="pingpong",
+                    stage_k_bytes=256, decomposition=split_k, splits=2), bf16),
+        (GemmConfig(tile_m=128, tile_n=160, cluster_m=4, schedule="pingpong"), tensor),
+        (GemmConfig(tile_m=128, tile_n=144, schedule="pingpong", decomposition=split_k,
+                    splits=2), row),
+        (GemmConfig(tile_m=128, tile_n=120, schedule="pingpong", swap_ab=True), row),
+        (GemmConfig(tile_m=128, tile_n=144, cluster_m=2), promoted),
+        (GemmConfig(tile_m=64, tile_n=16, cluster_m=4, swap_ab=True, schedule="pingpong",
+                    stage_k_bytes=256), promoted),
+    ]  # fmt: skip
+    assert not [c for c, s in cases if rules.signature_reason(c, s)]
+    _check(pool, [CompileJob(config, signature) for config, signature in cases])

@@ -244,10 +244,10 @@ def test_per_row_scales_take_their_buffers_from_the_ab_stages():
     for config in rules.implemented_configs():
         plan = rules.smem_plan(config, row)
         groups = 1 if config.schedule.value == "cooperative" else 2
-        assert plan.scale_bytes == groups * (config.tile_m + config.tile_n) * 4
+        assert plan.vector_bytes == groups * (config.tile_m + config.tile_n) * 4
         assert plan.total_bytes <= rules.SMEM_CAPACITY
         assert plan.ab_stages >= rules.MIN_AB_STAGES
-        assert rules.smem_plan(config, tensor).scale_bytes == 0
+        assert rules.smem_plan(config, tensor).vector_bytes == 0
     # 128x256 ping-pong at 128-byte stages: 48 KB a stage, four of them and 3 KB of scales
     # leave the epilogue's buffers what they had per tensor
     config = GemmConfig(tile_m=128, tile_n=256, schedule="pingpong")

@@ -124,14 +124,15 @@ def plan_key(
 
 
 def scaled_plan_key(
-    a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False
+    a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False, bias=None
 ) -> tuple:
-    """What decides a scaled (fp8) call's plan: the operands' and scales' shapes, strides and
-    dtypes, the device and the call's arguments."""
+    """What decides a scaled (fp8) call's plan: the operands', scales' and bias's shapes,
+    strides and dtypes, the device and the call's arguments."""
+    biased = None if bias is None else (bias.shape, bias.stride(), bias.dtype)
     return (
         a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
         scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
-        constant_b,
+        constant_b, biased,
     )  # fmt: skip
 
 
@@ -416,21 +417,25 @@ class Dispatcher:
         out_dtype: torch.dtype | None,
         use_fast_accum: bool,
         constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=..., use_fast_accum=...)` by our
-        kernels where they serve it (without fast accumulation, a kernel that promotes each
-        k-tile's partial sums into fp32). A call's first use of a tensor signature runs
+        """`torch._scaled_mm(a, b, scale_a, scale_b, bias=..., out_dtype=...,
+        use_fast_accum=...)` by our kernels where they serve it (without fast accumulation, a
+        kernel that promotes each k-tile's partial sums into fp32; with a bias, a kernel that
+        adds it before rounding to `out_dtype`). A call's first use of a tensor signature runs
         torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
         it; its plan serves the calls after."""
         device = a.get_device()
-        key = scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
+        key = scaled_plan_key(
+            a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
+        )  # fmt: skip
         plan = self.plans.get(key)
-        options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
+        options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
         if plan is None:
             result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
             if not capturing(a):  # as `new_plan`: no plan is made inside a capture
                 self.plans[key] = self._scaled_plan(
-                    a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b
+                    a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
                 )  # fmt: skip
             return result
         if (
@@ -438,6 +443,7 @@ class Dispatcher:
             or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
             or scale_a.get_device() != device
             or scale_b.get_device() != device
+            or (bias is not None and bias.get_device() != device)
         ):
             return torch._scaled_mm(a, b, scale_a, scale_b, **options)
         from gemmtune.kernels.launch import kernel_scales
@@ -446,7 +452,8 @@ class Dispatcher:
             plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
         )
         args = plan.args if plan.workspace_stream is None else self.stream_args(plan, a, b)
-        plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *args)
+        biases = () if bias is None else (bias,)
+        plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *biases, *args)
         return out
 
     def scaled_plan(
@@ -458,16 +465,26 @@ class Dispatcher:
         out_dtype,
         use_fast_accum: bool = True,
         constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
         return self.plans.get(
-            scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
+            scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias)
         )  # fmt: skip
 
     def _scaled_plan(
-        self, a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False
+        self,
+        a,
+        b,
+        scale_a,
+        scale_b,
+        out_dtype,
+        use_fast_accum: bool,
+        constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> Plan:
-        """The plan of a scaled product torch has accepted: our kernel where one serves it."""
+        """The plan of a scaled product torch has accepted: our kernel where one serves it (a
+        bias: one element per column, in the output's type, read one element at a time)."""
         m, n = a.shape[0], b.shape[1]
         if scale_a.numel() == 1 and scale_b.numel() == 1:
             scaling = "tensor"
@@ -479,10 +496,16 @@ class Dispatcher:
             return Plan(None, (), None, reason=f"output {out_dtype}: kernels write 16/32-bit")
         if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
             return Plan(None, (), None, reason="kernels read float32 scales")
+        if bias is not None and (
+            tuple(bias.shape) != (n,) or bias.stride() != (1,) or bias.dtype != out_dtype
+        ):
+            why = "kernels add a contiguous (n,) bias of the output's type"
+            return Plan(None, (), None, reason=why)
         resolved = resolve_mode(None)
         problem = GemmProblem.from_tensors(
-            a, b, None, out_dtype, scaling=scaling, promoted=not use_fast_accum
-        )
+            a, b, None, out_dtype, scaling=scaling, promoted=not use_fast_accum,
+            bias=bias is not None,
+        )  # fmt: skip
         if resolved == "off" or not problem.supported:
             return Plan(None, (), None, reason=problem.fallback_reason or "mode off")
         return self._kernel_plan(problem, resolved, constant_b=constant_b)
@@ -535,15 +558,16 @@ def scaled_mm(
 ) -> torch.Tensor:
     """`torch._scaled_mm`: `(a @ b) * scale_a * scale_b` of an fp8 (m, k) and (k, n) matrix (a
     row-major, b column-major), scaled per tensor (one-element scales) or per row of a and
-    column of b ((m, 1) and (1, n) scales), written as `out_dtype`. Our kernels serve calls with
-    a 16- or 32-bit output, without bias or `scale_result`: with `use_fast_accum=True` they sum
-    on the tensor cores, whose fp32 accumulators keep fewer bits; without, they add each
-    128-element k-tile's partial sums into full fp32 registers (as cuBLAS does). torch serves
-    every other call, and checks each call as it checks its own. `constant_b` is tuned_gemm's
-    (not torch's): no kernel launched right before the call writes `b`."""
+    column of b ((m, 1) and (1, n) scales), plus `bias`, written as `out_dtype`. Our kernels
+    serve calls with a 16- or 32-bit output, without `scale_result`, with or without a bias
+    (a contiguous (n,) vector of the output's type, added in fp32 before the output is
+    rounded): with `use_fast_accum=True` they sum on the tensor cores, whose fp32 accumulators
+    keep fewer bits; without, they add each 128-element k-tile's partial sums into full fp32
+    registers (as cuBLAS does). torch serves every other call, and checks each call as it
+    checks its own. `constant_b` is tuned_gemm's (not torch's): no kernel launched right
+    before the call writes `b`."""
     if (
-        bias is not None
-        or scale_result is not None
+        scale_result is not None
         or not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b))
         or a.dtype not in FP8_DTYPES
         or not a.is_cuda
@@ -558,7 +582,13 @@ def scaled_mm(
             out_dtype=out_dtype,
             use_fast_accum=use_fast_accum,
         )
-    return DISPATCHER.scaled(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b)
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return torch._scaled_mm(
+            a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, use_fast_accum=use_fast_accum
+        )
+    return DISPATCHER.scaled(
+        a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
+    )  # fmt: skip
 
 
 def plan(

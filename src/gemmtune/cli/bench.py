@@ -67,14 +67,16 @@ def load_shape_suite(path: Path | str | None = None, suite: str = "public") -> l
     return shapes
 
 
-def plan_config(a, b, mode: str, scales: tuple = (), fast_accum: bool = True) -> str:
-    """The config tuned_gemm's plan for (a, b) uses (scaled_mm's, given `scales`): its key, or
-    "cublas" where torch serves."""
+def plan_config(
+    a, b, mode: str, scales: tuple = (), fast_accum: bool = True, bias: torch.Tensor | None = None
+) -> str:
+    """The config tuned_gemm's plan for (a, b) uses (scaled_mm's, given `scales` and `bias`):
+    its key, or "cublas" where torch serves."""
     from gemmtune.api.dispatch import DISPATCHER
     from gemmtune.core.config import CUBLAS
 
     if scales:
-        plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT, fast_accum)
+        plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT, fast_accum, bias=bias)
     else:
         plan = DISPATCHER.plan(a, b, mode=mode)
     return CUBLAS if plan is None or plan.config is None else plan.config.key
@@ -84,15 +86,17 @@ def plan_config(a, b, mode: str, scales: tuple = (), fast_accum: bool = True) ->
 FP8_OUT = torch.bfloat16
 
 
-def contenders(mode: str, scales: tuple, fast_accum: bool = True) -> tuple:
+def contenders(
+    mode: str, scales: tuple, fast_accum: bool = True, bias: torch.Tensor | None = None
+) -> tuple:
     """(ours, torch's) as functions of (a, b): tuned_gemm and torch.matmul, or for int8 the
     product through tuned_gemm and torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and
-    torch._scaled_mm, both with `use_fast_accum=fast_accum`."""
+    torch._scaled_mm, both with `use_fast_accum=fast_accum` and `bias`."""
     from gemmtune.api.dispatch import scaled_mm, tuned_gemm
     from gemmtune.measure.runner import torch_product
 
     if scales:
-        options = {"out_dtype": FP8_OUT, "use_fast_accum": fast_accum}
+        options = {"out_dtype": FP8_OUT, "use_fast_accum": fast_accum, "bias": bias}
         return (
             lambda a, b: scaled_mm(a, b, *scales, **options),
             lambda a, b: torch._scaled_mm(a, b, *scales, **options),
@@ -114,13 +118,16 @@ def compare_with_cublas(
     reference_gbps: float | None = None,
     scaling: str = "tensor",
     fast_accum: bool = True,
+    bias: bool = False,
 ) -> dict:
     """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape;
-    `scaling` and `fast_accum` are an fp8 product's."""
+    `scaling`, `fast_accum` and `bias` (one per column, randn times the square root of K, in
+    the output's type) are an fp8 product's."""
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
     from gemmtune.measure.runner import (
         fitting_copies,
+        random_bias,
         random_scales,
         random_tensor,
         reference_product,
@@ -138,15 +145,16 @@ def compare_with_cublas(
     if (kp, np_) != (k, n):
         a[:, k:] = 0
         b[k:, :] = 0
-    scales = ()
+    scales, biases = (), None
     if fp8:
-        signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling)
+        signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling, bias=bias)
         scales = random_scales(signature, m, np_, a.device)
-    ours_fn, torch_fn = contenders(mode, scales, fast_accum)
+        biases = random_bias(signature, np_, k, a.device)
+    ours_fn, torch_fn = contenders(mode, scales, fast_accum, biases)
     ours_fn(a, b)  # tunes the shape's bucket in mode "tune" (fp8: after torch's first answer)
     ours_fn(a, b)
-    ok, err = check(ours_fn(a, b), reference_product(a, b, scales), a.dtype)
-    config = plan_config(a, b, mode, scales, fast_accum)
+    ok, err = check(ours_fn(a, b), reference_product(a, b, scales, biases), a.dtype)
+    config = plan_config(a, b, mode, scales, fast_accum, biases)
     # some kernels' times, torch's among them, depend on where their operands lie, by a few
     # percent: one allocation would decide a ratio by luck (`docs/tuning.md`)
     placed = fitting_copies(a, b)
@@ -182,7 +190,7 @@ def compare_with_cublas(
     if (kp, np_) != (k, n):
         row["padded_to"] = {"k": kp, "n": np_}
     if fp8:
-        row.update(scaling=scaling, use_fast_accum=fast_accum)
+        row.update(scaling=scaling, use_fast_accum=fast_accum, bias=bias)
     if reference_gbps:
         row["bw_fraction"] = row["gbps"] / reference_gbps
         row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
@@ -271,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
             "gemmtune bench: fp8 needs --layout nk (torch._scaled_mm, and gemmtune.scaled_mm, "
             "take b column-major: x @ w.t())"
         )
+    if args.bias and args.dtype not in FP8:
+        return fail("gemmtune bench: --bias is for fp8 (gemmtune.scaled_mm's bias)")
     import torch
 
     if not torch.cuda.is_available():
@@ -294,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             row = compare_with_cublas(
                 shape, args.dtype, args.mode, args.runs, flush, args.layout,
-                bandwidth.reference_gbps, args.scaling, args.accumulation == "fast",
+                bandwidth.reference_gbps, args.scaling, args.accumulation == "fast", args.bias,
             )  # fmt: skip
         except Exception as exc:  # one shape's failure must not lose the others
             failed += 1

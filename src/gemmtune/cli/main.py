@@ -235,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8: use_fast_accum=True (the default) or False, for both contenders",
     )
     p.add_argument(
+        "--bias",
+        action="store_true",
+        help="fp8: both contenders add a bias (one bf16 element per column of the output)",
+    )
+    p.add_argument(
         "--mode",
         choices=[mode for mode in MODES if mode != "off"],
         default="tune",

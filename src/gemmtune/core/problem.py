@@ -192,6 +192,9 @@ class GemmProblem:
     #: cannot read so, and 16-bit ones whose strides TMA cannot take (`kernels.transpose`);
     #: `a_major` and `b_major` are the copies' ("k")
     copied: tuple[str, ...] = ()
+    #: a bias, one element per column of the output in its type, is added to the product
+    #: (`KernelSignature.bias`)
+    bias: bool = False
 
     @property
     def supported(self) -> bool:
@@ -233,10 +236,11 @@ class GemmProblem:
         out_dtype: torch.dtype | None = None,
         scaling: str | None = None,
         promoted: bool = False,
+        bias: bool = False,
     ) -> GemmProblem:
         """Describe `a @ b` (written into `out` when given); raise for calls that are wrong.
         `scaling` is an fp8 product's ("tensor" where not given), `promoted` whether its
-        partial sums are promoted into fp32."""
+        partial sums are promoted into fp32, `bias` whether a bias is added."""
         return cls.from_operands(
             Operand.of(a, "a"),
             Operand.of(b, "b"),
@@ -244,6 +248,7 @@ class GemmProblem:
             out_dtype,
             scaling=scaling,
             promoted=promoted,
+            bias=bias,
         )
 
     @classmethod
@@ -263,12 +268,13 @@ class GemmProblem:
         b_dtype: torch.dtype | None = None,
         scaling: str | None = None,
         promoted: bool = False,
+        bias: bool = False,
     ) -> GemmProblem:
         """The problem of `a @ b` for dense tensors of these sizes, without the tensors (to tune
         ahead of time): `layout` names A then B, "t" for K-major (row-major a @ b is "tn"),
         `out_major` "n" for a row-major output; `l` makes it a batch of `l` products; `b_dtype`
         is B's type where it differs from `dtype` (fp8), `scaling` and `promoted` an fp8
-        product's."""
+        product's; `bias` adds a bias to each column."""
         if len(layout) != 2 or set(layout) - {"t", "n"}:
             raise ValueError(f"layout {layout!r}: use tn, nn, nt or tt (A then B, t = K-major)")
         if out_major not in ("n", "m"):
@@ -287,7 +293,9 @@ class GemmProblem:
         b = operand(k, n, layout[1] == "t", b_dtype or dtype)
         out_dtype = out_dtype or default_out_dtype(dtype)
         out = operand(m, n, out_major == "m", out_dtype)
-        return cls.from_operands(a, b, out, arch=arch, scaling=scaling, promoted=promoted)
+        return cls.from_operands(
+            a, b, out, arch=arch, scaling=scaling, promoted=promoted, bias=bias
+        )
 
     @classmethod
     def from_operands(
@@ -299,6 +307,7 @@ class GemmProblem:
         arch: Arch | None = None,
         scaling: str | None = None,
         promoted: bool = False,
+        bias: bool = False,
     ) -> GemmProblem:
         """`from_tensors` on tensor descriptions; `arch` overrides the device's (for tests)."""
         a.check("a")
@@ -343,6 +352,8 @@ class GemmProblem:
         l = next((x for x in (la, lb) if x is not None and x != 1), 1)
 
         integer = a.dtype == torch.int8
+        if integer and bias:
+            raise TypeError("int8 products (torch._int_mm) take no bias")
         all_output_dtypes = INT8_OUTPUT_DTYPES if integer else FLOAT_OUTPUT_DTYPES
         allowed = "int32 for int8 inputs" if integer else "bfloat16, float16 or float32"
         if fp8:
@@ -376,6 +387,8 @@ class GemmProblem:
             )
         if fp8 and arch is not Arch.SM90:
             reasons.append(FallbackReason("dtype", "fp8 products run on the Hopper kernel only"))
+        if bias and arch is not Arch.SM90:
+            reasons.append(FallbackReason("bias", "the Hopper kernel alone adds a bias"))
         if out_dtype not in KERNEL_OUTPUT_DTYPES:
             reasons.append(FallbackReason("dtype", f"kernels do not write {out_dtype} output"))
         if 0 in (m, n, k, l):
@@ -441,6 +454,7 @@ class GemmProblem:
             promoted=promoted,
             out_aligned=out_aligned,
             copied=copied,
+            bias=bias,
         )
 
 
@@ -508,15 +522,17 @@ def scaled_matmul(
     scale_b: torch.Tensor,
     out_dtype: torch.dtype,
     use_fast_accum: bool = True,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """torch's scaled product of fp8 `a` and `b`, with or without fast accumulation as our
-    kernel accumulates (promoted or not): `torch._scaled_mm` where it takes the call, else the
-    float32 product of the operands, scaled."""
-    options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum}
+    """torch's scaled product of fp8 `a` and `b` (plus `bias`), with or without fast
+    accumulation as our kernel accumulates (promoted or not): `torch._scaled_mm` where it takes
+    the call, else the float32 product of the operands, scaled."""
+    options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
     try:
         return torch._scaled_mm(a, b, scale_a, scale_b, **options)
     except RuntimeError:  # sizes or a scaling cuBLASLt refuses: float32 takes them
-        return scaled_reference(a, b, scale_a, scale_b).to(out_dtype)
+        product = scaled_reference(a, b, scale_a, scale_b)
+        return (product if bias is None else product + bias.float()).to(out_dtype)
 
 
 def scaled_reference(

@@ -44,7 +44,8 @@ class CompiledGemm:
     Called as `kernel(a, b, out, workspace, counters, *runtime_args(config, device))`: torch
     tensors in torch's order, the split-K/stream-K workspace (`Workspace`), then the runtime
     arguments (raster, swizzle, splits, grid limit) of any config that shares this binary. A
-    scaled (fp8) signature's kernel takes its two scales after `out` (`launch.kernel_scales`).
+    scaled (fp8) signature's kernel takes its two scales after `out` (`launch.kernel_scales`),
+    and a signature with a bias its bias after those.
     `signature` is the problem's: a `swap_ab` binary computes the transposed product, but it is
     called with the problem's own tensors and reads them transposed (`operands.kernel_operands`),
     so `launcher`, what callers invoke, is the compiled function itself.
@@ -169,7 +170,8 @@ def _fake_operand(
 
 def fake_arguments(signature: KernelSignature) -> tuple:
     """Fake (a, b, out, workspace, counters) for `signature`, sharing the symbolic M, N, K and L
-    between a, b and out; a scaled signature's scales follow out (1-D fp32 of any length)."""
+    between a, b and out; a scaled signature's scales follow out (1-D fp32 of any length), then
+    a bias (1-D, N elements of the output's type)."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -194,13 +196,16 @@ def fake_arguments(signature: KernelSignature) -> tuple:
         cutlass.Float32, (cute.sym_int64(divisibility=4),), assumed_align=16
     )
     counters = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int64(),), assumed_align=16)
-    if not signature.scaling:
-        return a, b, c, workspace, counters
-    scales = [
-        make_fake_compact_tensor(cutlass.Float32, (cute.sym_int64(),), assumed_align=4)
-        for _ in "ab"
-    ]
-    return a, b, c, *scales, workspace, counters
+    scales = []
+    if signature.scaling:
+        scales = [
+            make_fake_compact_tensor(cutlass.Float32, (cute.sym_int64(),), assumed_align=4)
+            for _ in "ab"
+        ]
+    bias = []
+    if signature.bias:  # one element per column of the output, any address of its type
+        bias = [make_fake_compact_tensor(out_dtype, (n,), assumed_align=signature.out_bytes)]
+    return a, b, c, *scales, *bias, workspace, counters
 
 
 def compile_gemm(
@@ -225,6 +230,8 @@ def compile_gemm(
     module, kernel_class = KERNEL_MODULES[config.arch]  # every arch a GemmConfig allows
     start = time.perf_counter()
     built_for = signature.swapped() if config.swap_ab else signature
+    if signature.bias and config.arch != "sm_90":
+        raise ValueError(f"{config.key}: the Hopper kernel alone adds a bias")
     gemm_class = getattr(importlib.import_module(module), kernel_class)
     gemm = gemm_class(config, built_for, dependent_launch=dependent_launch)
     fakes = fake_arguments(signature)  # what the launch passes: the problem's own tensors
@@ -234,7 +241,12 @@ def compile_gemm(
         if keep:
             options += f" --dump-dir {dump}"
         runtime = (cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
-        entry = gemm.scaled if signature.scaling else gemm
+        entry = {
+            (False, False): gemm,
+            (True, False): gemm.scaled,
+            (False, True): gemm.biased,
+            (True, True): gemm.scaled_biased,
+        }[(bool(signature.scaling), signature.bias)]
         function = cute.compile(entry, *fakes, *runtime, stream, options=options)
         ptx = function.__ptx__ if "ptx" in keep else None
         sass = function.__sass__ if "sass" in keep else None

@@ -188,10 +188,12 @@ def launch(
     config: GemmConfig | None = None,
     pool: WorkspacePool = WORKSPACES,
     scales: tuple = (),
+    bias: torch.Tensor | None = None,
 ) -> None:
     """Run `kernel` on torch tensors with the runtime arguments of `config` (by default the
     config it was compiled from), on torch's current stream; a scaled (fp8) kernel with
-    `scales` as `torch._scaled_mm` takes them."""
+    `scales` as `torch._scaled_mm` takes them, a kernel of a signature with a bias with
+    `bias` (1-D, one element per column of `out`, in its type)."""
     batch = a.shape[0] if a.dim() == 3 else 1
     args = launch_args(
         config or kernel.config,
@@ -203,4 +205,5 @@ def launch(
         pool,
         a.element_size(),
     )
-    kernel(a, b, out, *kernel_scales(scales), *args)
+    biases = () if bias is None else (bias,)
+    kernel(a, b, out, *kernel_scales(scales), *biases, *args)

@@ -215,6 +215,9 @@ def reduce_share(
     extent_mn: tuple,
     out_dtype: cutlass.Constexpr,
     spare_registers: cutlass.Constexpr = 0,
+    bias: cute.Tensor | None = None,
+    bias_origin: Int32 = 0,
+    bias_axis: cutlass.Constexpr = 1,
 ):
     """Wait until all `segments` partials of the tile are published, then write this segment's
     share of the tile, summed over the partials in segment order. The tile's blocks of four
@@ -224,7 +227,9 @@ def reduce_share(
     its own positions in its segment's range (`schedule_model.share_blocks`), so its loads are
     coalesced with its neighbours' and `tCgC` / `tCcC` (its partition of the output tile and of
     the tile's coordinates, indexed by position) say where each value goes. The last segment
-    to leave resets the counter. `spare_registers`: see `share_step`."""
+    to leave resets the counter. `spare_registers`: see `share_step`. `bias`, where given, is
+    the tile's bias slice in shared memory (`kernels/bias.py`), from `bias_origin` along the
+    output's `bias_axis` (0: rows, 1: columns); it is added to the summed share."""
     blocks = values // 4
     _await_arrivals(tile, tile.segments)
     load = _partial_load_atom(tile.dtype)
@@ -248,6 +253,10 @@ def reduce_share(
                     sums.store(sums.load() + loaded[(None, None, p)].load())
         for g in cutlass.range_constexpr(step_blocks):
             if first + g < end:
+                if cutlass.const_expr(bias is not None):
+                    for v in cutlass.range_constexpr(4):
+                        along = tCcC[(first + g) * 4 + v][bias_axis]
+                        sums[v, g] = sums[v, g] + bias[along - bias_origin]
                 out.store(sums[(None, g)].load().to(out_dtype))
                 for v in cutlass.range_constexpr(4):
                     index = (first + g) * 4 + v

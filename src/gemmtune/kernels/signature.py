@@ -3,7 +3,7 @@
 One binary serves every M, N, K and L; it is specific to the dtypes, to which mode of each
 operand is contiguous, to whether the tensors carry a batch dimension (rank 2 or 3), and for
 fp8 to how the product is scaled (a binary of a scaled signature takes two more tensors, the
-scales, after a, b and out).
+scales, after a, b and out), and to whether it adds a bias (one more tensor, after those).
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class KernelSignature:
     #: during inference): a Hopper binary loads its first stages of b before waiting for that
     #: kernel to finish. Blackwell binaries ignore it.
     constant_b: bool = False
+    #: the kernel adds a bias, one element per column of the output in its type, to the product
+    #: (scaled, for fp8) before it rounds it to the output type: `torch.addmm`, a linear layer
+    #: with a bias, `torch._scaled_mm(..., bias=)`
+    bias: bool = False
 
     def __post_init__(self) -> None:
         if self.ab_dtype not in dtypes.KERNEL_INPUTS:
@@ -68,6 +72,8 @@ class KernelSignature:
             )
         if self.promoted and not self.fp8:
             raise ValueError("promoted accumulation is for fp8 products only")
+        if self.bias and self.ab_dtype == "int8":
+            raise ValueError("int8 products (torch._int_mm) take no bias")
         outputs = dtypes.OUTPUTS_OF[self.ab_dtype]
         if self.out_dtype not in outputs:
             raise ValueError(
@@ -112,6 +118,7 @@ class KernelSignature:
             scaling=problem.scaling,
             promoted=problem.promoted,
             out_aligned=problem.out_aligned,
+            bias=problem.bias,
         )
 
     def swapped(self) -> KernelSignature:
@@ -146,7 +153,8 @@ class KernelSignature:
     def key(self) -> str:
         """Stable name, e.g. `bf16_bf16_ak_bn_on_2d` (dtypes, then majors of A, B, out), with
         fp8's types, scaling and promotion: `e4m3xe5m2_bf16_ak_bk_on_2d_row_promoted`, and
-        `_unaligned` for an output TMA cannot store to, `_constb` for a constant b."""
+        `_unaligned` for an output TMA cannot store to, `_constb` for a constant b, `_bias` for
+        a bias."""
         rank = "3d" if self.batched else "2d"
         majors = f"a{self.a_major}_b{self.b_major}_o{self.out_major}"
         inputs = f"{self.ab_dtype}x{self.b_dtype}" if self.b_dtype else self.ab_dtype
@@ -154,4 +162,6 @@ class KernelSignature:
         promoted = "_promoted" if self.promoted else ""
         unaligned = "" if self.out_aligned else "_unaligned"
         constant = "_constb" if self.constant_b else ""
-        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{scaling}{promoted}{unaligned}{constant}"
+        bias = "_bias" if self.bias else ""
+        variants = f"{scaling}{promoted}{unaligned}{constant}{bias}"
+        return f"{inputs}_{self.out_dtype}_{majors}_{rank}{variants}"

@@ -201,14 +201,27 @@ def random_scales(
     )
 
 
-def reference_product(a: torch.Tensor, b: torch.Tensor, scales: tuple = ()) -> torch.Tensor:
+def random_bias(
+    signature: KernelSignature, n: int, k: int, device, generator=None
+) -> torch.Tensor | None:
+    """A bias for a signature with one, one element per column of the output in its type, as
+    large as the product's elements (randn times the square root of K): a kernel that left it
+    out fails the check. None for other signatures."""
+    if not signature.bias:
+        return None
+    bias = torch.randn(n, device=device, generator=generator) * math.sqrt(k)
+    return bias.to(signature.out_torch_dtype)
+
+
+def reference_product(
+    a: torch.Tensor, b: torch.Tensor, scales: tuple = (), bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """What a candidate's output is checked against: a float32 product (fp8: scaled by
-    `scales`), exact int32 for int8."""
+    `scales`) plus `bias`, exact int32 for int8."""
     if a.dtype == torch.int8:
         return integer_matmul(a, b)
-    if scales:
-        return scaled_reference(a, b, *scales)
-    return torch.matmul(a.float(), b.float())
+    product = scaled_reference(a, b, *scales) if scales else torch.matmul(a.float(), b.float())
+    return product if bias is None else product + bias.float()
 
 
 def torch_product(
@@ -217,14 +230,17 @@ def torch_product(
     scales: tuple = (),
     out_dtype: torch.dtype | None = None,
     use_fast_accum: bool = True,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """torch's answer to `a @ b`, the contender ours must beat: torch.matmul (cuBLAS),
-    torch._int_mm for int8, torch._scaled_mm for fp8 (with `scales`, `out_dtype` and
-    `use_fast_accum`)."""
+    """torch's answer to `a @ b` (plus `bias`), the contender ours must beat: torch.matmul
+    (cuBLAS; torch.addmm with a bias), torch._int_mm for int8, torch._scaled_mm for fp8 (with
+    `scales`, `out_dtype` and `use_fast_accum`)."""
     if a.dtype == torch.int8:
         return integer_matmul(a, b)
     if scales:
-        return scaled_matmul(a, b, *scales, out_dtype, use_fast_accum)
+        return scaled_matmul(a, b, *scales, out_dtype, use_fast_accum, bias)
+    if bias is not None:
+        return torch.addmm(bias, a, b) if a.dim() == 2 else torch.matmul(a, b) + bias
     return torch.matmul(a, b)
 
 
@@ -240,8 +256,10 @@ class GemmRunner:
         self.scales = random_scales(spec.signature, spec.m, spec.n, self.a.device, gen)
         from gemmtune.kernels.launch import kernel_scales
 
-        self.kernel_scales = kernel_scales(self.scales)
-        self.reference = reference_product(self.a, self.b, self.scales)
+        self.bias = random_bias(spec.signature, spec.n, spec.k, self.a.device, gen)
+        # what the kernel takes after (a, b, out): the scales, then the bias
+        self.kernel_extras = (*kernel_scales(self.scales), *self.biases)
+        self.reference = reference_product(self.a, self.b, self.scales, self.bias)
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
         self.idle = IdleWarmup()
@@ -268,13 +286,17 @@ class GemmRunner:
             kernel = copying_launcher(kernel, s.copied)
 
         def launch(a: torch.Tensor, b: torch.Tensor) -> None:
-            kernel(a, b, self.out, *self.kernel_scales, *args)
+            kernel(a, b, self.out, *self.kernel_extras, *args)
 
         return launch
 
+    @property
+    def biases(self) -> tuple:
+        return () if self.bias is None else (self.bias,)
+
     def _cublas(self, a: torch.Tensor, b: torch.Tensor) -> None:
         fast = not self.spec.signature.promoted
-        torch_product(a, b, self.scales, self.out.dtype, fast)
+        torch_product(a, b, self.scales, self.out.dtype, fast, self.bias)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
         keys, runs = [], []

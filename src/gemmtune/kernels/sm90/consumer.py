@@ -2,10 +2,10 @@
 
 For each item of its CTA's sequence a consumer warpgroup runs the WGMMA mainloop
 (`sm90/mainloop.py`), applies an fp8 product's scales (`kernels/scaling.py`), sums the partials
-of a tile that several items share (split-K, stream-K: `kernels/reduction.py`) and stores the
-tile through the epilogue (`sm90/epilogue.py`). Ping-pong warpgroups take alternate items, and
-named barriers order their mainloops and their epilogues (they share the epilogue's shared
-memory), so one's epilogue overlaps the other's mainloop.
+of a tile that several items share (split-K, stream-K: `kernels/reduction.py`), adds a bias
+(`kernels/bias.py`) and stores the tile through the epilogue (`sm90/epilogue.py`). Ping-pong
+warpgroups take alternate items, and named barriers order their mainloops and their epilogues
+(they share the epilogue's shared memory), so one's epilogue overlaps the other's mainloop.
 """
 
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.bias import add_bias, load_tile_bias, stage_tile_bias
 from gemmtune.kernels.reduction import (
     SharedTile,
     gather_partials,
@@ -60,6 +61,7 @@ def consume(
     mC: cute.Tensor,
     row_scale: cute.Tensor | None,
     col_scale: cute.Tensor | None,
+    bias: cute.Tensor | None,
     workspace: cute.Tensor,
     counters: cute.Tensor,
     tidx: Int32,
@@ -154,6 +156,17 @@ def consume(
     coords = cute.local_tile(
         cute.make_identity_tensor(mC.shape), (tile_m, tile_n), (None, None, None)
     )
+    bias_buffer = None
+    bias_coords = None
+    bias_length = tile_m if gemm.bias_along_m else tile_n
+    bias_extent = mC.shape[0] if gemm.bias_along_m else mC.shape[1]
+    if cutlass.const_expr(gemm.adds_bias):
+        groups = 1 if gemm.cooperative else gemm.consumers
+        bias_buffers = smem.allocate_tensor(
+            cutlass.Float32, cute.make_layout((bias_length, groups)), 16
+        )
+        bias_buffer = bias_buffers[(None, 0 if gemm.cooperative else consumer)]
+        bias_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
 
     tensor_factor = cutlass.Float32(1.0)
     if cutlass.const_expr(gemm.applies_scales and not gemm.per_row):
@@ -188,6 +201,14 @@ def consume(
             mine = item_index % 2 == consumer
         if mine:
             tile_m_idx, tile_n_idx, batch = scheduler.tile_of_unit(unit, cta_in_cluster)
+            bias_origin = tile_n_idx * tile_n
+            if cutlass.const_expr(gemm.bias_along_m):
+                bias_origin = tile_m_idx * tile_m
+            if cutlass.const_expr(gemm.adds_bias):
+                # loads in flight through the mainloop, waited for after it
+                pending_bias = load_tile_bias(
+                    bias, bias_origin, bias_extent, bias_length, thread_in_group, group_threads
+                )
             if cutlass.const_expr(not gemm.cooperative):
                 cute.arch.barrier(barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg)
             if cutlass.const_expr(gemm.per_row):
@@ -248,6 +269,15 @@ def consume(
                     tile_m,
                     gemm.per_row,
                 )
+            if cutlass.const_expr(gemm.adds_bias):
+                stage_tile_bias(
+                    bias_buffer,
+                    pending_bias,
+                    bias_length,
+                    thread_in_group,
+                    group_threads,
+                    group_barrier,
+                )
             final = True
             if cutlass.const_expr(gemm.shares_tiles):
                 if segments > 1:
@@ -280,12 +310,17 @@ def consume(
                             (mC.shape[0], mC.shape[1]),
                             gemm.out_dtype,
                             gemm.share_registers,
+                            bias_buffer,
+                            bias_origin,
+                            0 if gemm.bias_along_m else 1,
                         )
                     else:
                         final = segment == owner
                         if final:
                             gather_partials(accumulators, shared)
             if final:
+                if cutlass.const_expr(gemm.adds_bias):
+                    add_bias(accumulators, bias_coords, bias_buffer, gemm.bias_along_m)
                 ring_start = 0
                 if cutlass.const_expr(gemm.cooperative):
                     ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))

@@ -11,7 +11,8 @@ The producer warp's loop is `mainloop.produce`, the consumer warpgroups' `consum
 
 Tensors arrive in torch's order and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L)
 at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched. A scaled (fp8)
-signature's binary is compiled from `scaled`, which takes the scales after a, b and out.
+signature's binary is compiled from `scaled`, which takes the scales after a, b and out; one
+with a bias from `biased` or `scaled_biased`, which take it after those (`kernels/bias.py`).
 """
 
 import cuda.bindings.driver as cuda
@@ -78,6 +79,9 @@ class HopperGemm:
         self.b_dtype = DSL_DTYPES[signature.b_input]
         self.applies_scales = bool(signature.scaling)
         self.per_row = signature.scaling == "row"
+        self.adds_bias = signature.bias
+        # the bias runs along the output's columns: a swapped binary's rows
+        self.bias_along_m = config.swap_ab
         self.promoted = signature.promoted
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
         self.acc_dtype = accumulator_dtype(signature)
@@ -156,6 +160,51 @@ class HopperGemm:
             max_active_clusters, stream,
         )  # fmt: skip
 
+    @cute.jit
+    def biased(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        bias: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        """The entry of a signature with a bias: `bias` is 1-D, one element per column of `c`,
+        in its type."""
+        self.launch(
+            a, b, c, None, None, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream, bias,
+        )  # fmt: skip
+
+    @cute.jit
+    def scaled_biased(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        scale_a: cute.Tensor,
+        scale_b: cute.Tensor,
+        bias: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        """The entry of a scaled (fp8) signature with a bias: the scales, then the bias."""
+        self.launch(
+            a, b, c, scale_a, scale_b, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream, bias,
+        )  # fmt: skip
+
     def launch(
         self,
         a: cute.Tensor,
@@ -170,8 +219,9 @@ class HopperGemm:
         splits: Int32,
         max_active_clusters: Int32,
         stream: cuda.CUstream,
+        bias: cute.Tensor | None = None,
     ):
-        """Traced by both entries: build the TMA atoms, the schedule and the launch."""
+        """Traced by every entry: build the TMA atoms, the schedule and the launch."""
         mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
         # the kernel's rows are b's columns in a swapped binary, and its columns a's rows
         row_scale, col_scale = (scale_b, scale_a) if self.config.swap_ab else (scale_a, scale_b)
@@ -238,6 +288,7 @@ class HopperGemm:
             mC,
             row_scale,
             col_scale,
+            bias,
             workspace,
             counters,
             tiled_mma,
@@ -274,6 +325,7 @@ class HopperGemm:
         mC: cute.Tensor,
         row_scale: cute.Tensor | None,
         col_scale: cute.Tensor | None,
+        bias: cute.Tensor | None,
         workspace: cute.Tensor,
         counters: cute.Tensor,
         tiled_mma: cute.TiledMma,
@@ -410,6 +462,7 @@ class HopperGemm:
                 mC,
                 row_scale,
                 col_scale,
+                bias,
                 workspace,
                 counters,
                 tidx,

@@ -110,14 +110,14 @@ class SmemPlan:
     ab_stage_bytes: int
     epi_stage_bytes: int
     epi_group: int = 1  # sub-tiles the epilogue stores per barrier, at most
-    scale_bytes: int = 0  # per-row fp8 scales of the tiles in flight (`scale_buffer_bytes`)
+    vector_bytes: int = 0  # scales and bias of the tiles in flight (`vector_buffer_bytes`)
 
     @property
     def total_bytes(self) -> int:
         return (
             self.ab_stages * self.ab_stage_bytes
             + self.epi_stages * self.epi_stage_bytes
-            + self.scale_bytes
+            + self.vector_bytes
             + SMEM_RESERVED
         )
 
@@ -197,22 +197,27 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
     return mma_tile_m(config), 8
 
 
-def scale_buffer_bytes(config: GemmConfig, signature: KernelSignature) -> int:
-    """Shared memory for per-row fp8 scales: each tile's row and column scales are copied
-    there while its mainloop runs (`kernels/scaling.py`), one buffer per consumer group
-    (two for ping-pong, whose warpgroups hold tiles of their own)."""
-    if signature.scaling != "row":
-        return 0
+def vector_buffer_bytes(config: GemmConfig, signature: KernelSignature) -> int:
+    """Shared memory for the vectors of a tile copied there while its mainloop runs, one
+    buffer per consumer group (two for ping-pong, whose warpgroups hold tiles of their own):
+    per-row fp8 scales (`kernels/scaling.py`, the tile's row and column scales) and a bias
+    (`kernels/bias.py`, the tile's side along the output's columns: its rows in a swapped
+    binary), all fp32."""
+    length = 0
+    if signature.scaling == "row":
+        length += config.tile_m + config.tile_n
+    if signature.bias:
+        length += config.tile_m if config.swap_ab else config.tile_n
     groups = 1 if config.schedule is Schedule.COOPERATIVE else 2
-    return groups * (config.tile_m + config.tile_n) * 4
+    return groups * length * 4
 
 
 def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     """Stage counts from the shared-memory budget: the epilogue's buffers first, then as many
     A/B stages as fit in the rest, then what those leave to more epilogue buffers."""
     ab_stage_bytes = (config.tile_m + config.tile_n) * config.stage_k_bytes
-    scale_bytes = scale_buffer_bytes(config, signature)
-    capacity = SMEM_CAPACITY - SMEM_RESERVED - scale_bytes
+    vector_bytes = vector_buffer_bytes(config, signature)
+    capacity = SMEM_CAPACITY - SMEM_RESERVED - vector_bytes
 
     def ab_stages(epi_stages: int, epi_stage_bytes: int) -> int:
         return (capacity - epi_stages * epi_stage_bytes) // ab_stage_bytes
@@ -230,7 +235,7 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     tiles_shared = config.decomposition is not Decomposition.DATA_PARALLEL
     if tiles_shared and accumulator_registers(config) >= STREAM_K_GROUPED_EPILOGUE_SPILLS:
         return SmemPlan(
-            stages, epi_stages, ab_stage_bytes, epi_stage_bytes, scale_bytes=scale_bytes
+            stages, epi_stages, ab_stage_bytes, epi_stage_bytes, vector_bytes=vector_bytes
         )
     # What the A/B stages leave goes to more buffers, up to two tiles' worth, and the epilogue
     # stores its sub-tiles in groups, one barrier and one fence per group. Two groups and one
@@ -240,7 +245,7 @@ def smem_plan(config: GemmConfig, signature: KernelSignature) -> SmemPlan:
     epi_stages = max(epi_stages, min(2 * subtiles, spare // epi_stage_bytes))
     group = max(1, (epi_stages - 1) // 2)
     return SmemPlan(
-        stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group, scale_bytes=scale_bytes
+        stages, epi_stages, ab_stage_bytes, epi_stage_bytes, group, vector_bytes=vector_bytes
     )
 
 
@@ -333,7 +338,8 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
     would not build, spill or compute otherwise than it should, or None: a width of
     `ODD_EIGHT_TILE_NS` for int8 inputs; promoted fp8 accumulation with
     two register tiles beyond what a consumer holds; more than 192 accumulator registers with a
-    batch index to carry, `BATCHED_SPILLING_TILES`, and thread stores (no TMA) from
+    batch index to carry, `BATCHED_SPILLING_TILES`, a bias from `bias_register_limit`
+    registers, and thread stores (no TMA) from
     `thread_store_register_limit` registers or more. The compile test of every signature
     checks these limits."""
     built_for = signature.swapped() if config.swap_ab else signature
@@ -349,10 +355,30 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
         return f"{regs} accumulator registers per thread spill with a batch dimension"
     if built_for.batched and (config.tile_m, config.tile_n) in BATCHED_SPILLING_TILES:
         return f"{config.tile_m}x{config.tile_n} tiles spill with a batch dimension"
+    limit = bias_register_limit(config, built_for)
+    if limit is not None and regs >= limit:
+        return f"{regs} accumulator registers spill beside a bias"
     limit = thread_store_register_limit(built_for)
     if not config.tma_store and limit is not None and regs >= limit:
         return f"{regs} accumulator registers spill in thread stores to this output"
     return None
+
+
+def bias_register_limit(config: GemmConfig, signature: KernelSignature) -> int | None:
+    """Accumulator registers per thread from which a binary with a bias spills, TMA stores or
+    not (thread stores: `thread_store_register_limit`), or None where it does not. Compiled on
+    the CPU, every tile of 128 accumulators or more in every decomposition: swapped (the bias
+    along the tile's rows) from 176 (bf16: 4 local-memory operations at 128x176 ping-pong,
+    48-89 from 192); beside per-row fp8 scales from 128 swapped (12-94), 64 swapped with thread
+    stores (2-6 from 72) and 160 not (14-21 at 128x160 ping-pong split by K, 256x176
+    cooperative stream-K, 128x192 and 256x200)."""
+    if not signature.bias:
+        return None
+    if signature.scaling == "row":
+        if config.swap_ab:
+            return 128 if config.tma_store else 64
+        return 160
+    return 176 if config.swap_ab else None
 
 
 def thread_store_register_limit(signature: KernelSignature) -> int | None:
@@ -361,7 +387,11 @@ def thread_store_register_limit(signature: KernelSignature) -> int | None:
     every tile class in every decomposition: per-row fp8 scales (the tile's row factors held
     beside the accumulators) spilled 4-102 local-memory operations from 144 registers
     (128x144 ping-pong, 256x144-256x176 cooperative); 4-byte outputs 8-44 from 160 (128x160
-    ping-pong, 256x160 cooperative split-K); other M-major outputs from 192."""
+    ping-pong, 256x160 cooperative split-K); other M-major outputs from 192. Beside a bias
+    (bf16), 6-127 from 144 (128x144 ping-pong, 256x160-256x208 cooperative) and 12 from 128
+    split by K (128x256 cooperative, 64x256 ping-pong)."""
+    if signature.bias:
+        return 128
     if signature.scaling == "row":
         return 144
     if signature.out_bytes == 4:
