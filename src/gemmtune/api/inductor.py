@@ -10,8 +10,9 @@ After AOT autograd (forward and backward graphs alike), `InductorPass` rewrites 
 on CUDA int8 into `gemmtune::int_mm`, and `aten._scaled_mm` on CUDA fp8 into
 `gemmtune::scaled_mm`. Inductor calls the ops as opaque kernels; at run time they are
 `tuned_gemm`, `int_mm` and `scaled_mm`, whose plans are made and cached per shape, and which
-hand what our kernels do not serve (a layout, an alignment, a bias) to torch. Scaled or
-weighted addmm (`alpha`, `beta` other than 1) and other dtypes stay Inductor's.
+hand what our kernels do not serve (a layout, an alignment) to torch; a `_scaled_mm`'s bias
+is added by our kernel. Scaled or weighted addmm (`alpha`, `beta` other than 1) and other
+dtypes stay Inductor's.
 
 A `b` that is a constant of the graph (a `get_attr`, seen through views: what
 `torch._inductor.config.freezing` makes of an inference model's parameters, whose values the
