@@ -168,6 +168,16 @@ def _fake_operand(
     return make_fake_tensor(dtype, shape, stride, assumed_align=base_align)
 
 
+#: The kernel entry a signature's binary is compiled from, by (scaled, with a bias), other than
+#: the kernel's own call: a scaled (fp8) one takes the scales after `out`, one with a bias
+#: takes it after those.
+ENTRIES = {
+    (True, False): "scaled",
+    (False, True): "biased",
+    (True, True): "scaled_biased",
+}
+
+
 def fake_arguments(signature: KernelSignature) -> tuple:
     """Fake (a, b, out, workspace, counters) for `signature`, sharing the symbolic M, N, K and L
     between a, b and out; a scaled signature's scales follow out (1-D fp32 of any length), then
@@ -241,12 +251,8 @@ def compile_gemm(
         if keep:
             options += f" --dump-dir {dump}"
         runtime = (cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1))
-        entry = {
-            (False, False): gemm,
-            (True, False): gemm.scaled,
-            (False, True): gemm.biased,
-            (True, True): gemm.scaled_biased,
-        }[(bool(signature.scaling), signature.bias)]
+        variant = (bool(signature.scaling), signature.bias)
+        entry = getattr(gemm, ENTRIES[variant]) if variant in ENTRIES else gemm
         function = cute.compile(entry, *fakes, *runtime, stream, options=options)
         ptx = function.__ptx__ if "ptx" in keep else None
         sass = function.__sass__ if "sass" in keep else None
