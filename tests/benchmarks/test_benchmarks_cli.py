@@ -304,3 +304,18 @@ def test_first_pass_suite_sends_the_tuners_finalists_to_the_final():
     # the FINALISTS fastest within the margin: not the slower ones within it, not one behind
     assert chosen == {f"in{i}" for i in range(FINALISTS)}
     assert reaches_final(behind) == {"behind"}
+
+
+def test_fp8_suite_runs_with_a_bias_name_their_files_and_inputs_so():
+    from benchmarks.common import suite_file_name
+    from benchmarks.public import input_kind
+
+    assert suite_file_name("serving", ["e4m3"], "tensor", "fast", True) == (
+        "serving-fp8-tensor-bias"
+    )
+    assert suite_file_name("public", ["e4m3"], "row", "promoted", True) == (
+        "public-fp8-row-promoted-bias"
+    )
+    assert suite_file_name("public", ["e4m3"], "tensor", "fast") == "public-fp8-tensor"
+    assert "bias" in input_kind(["e4m3"], bias=True)
+    assert "bias" not in input_kind(["e4m3"])
