@@ -352,7 +352,7 @@ def test_bias_binaries_below_their_register_limits_compile_without_spills(pool):
         (GemmConfig(tile_m=128, tile_n=160, cluster_m=4, schedule="pingpong"), tensor),
         (GemmConfig(tile_m=128, tile_n=144, schedule="pingpong", decomposition=split_k,
                     splits=2), row),
-        (GemmConfig(tile_m=128, tile_n=120, schedule="pingpong", swap_ab=True), row),
+        (GemmConfig(tile_m=128, tile_n=112, schedule="pingpong", swap_ab=True), row),
         (GemmConfig(tile_m=128, tile_n=144, cluster_m=2), promoted),
         (GemmConfig(tile_m=64, tile_n=16, cluster_m=4, swap_ab=True, schedule="pingpong",
                     stage_k_bytes=256), promoted),
