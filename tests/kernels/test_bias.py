@@ -79,7 +79,11 @@ def test_the_rules_refuse_the_binaries_that_spill_beside_a_bias():
     )
     assert rules.signature_reason(split_thread_stores, biased)
     assert not rules.signature_reason(split_thread_stores, plain)
-    assert not rules.signature_reason(dataclasses.replace(split_thread_stores, tile_n=224), biased)
+    assert not rules.signature_reason(dataclasses.replace(split_thread_stores, tile_n=176), biased)
+    three_groups = GemmConfig(tile_m=192, tile_n=128, tma_store=False)  # 64 accumulators
+    assert rules.signature_reason(three_groups, biased)
+    assert not rules.signature_reason(dataclasses.replace(three_groups, tma_store=True), biased)
+    assert not rules.signature_reason(three_groups, plain)
     # beside per-row fp8 scales, from 128 swapped and 160 not
     row = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="row", bias=True)
     pingpong = GemmConfig(tile_m=128, tile_n=128, schedule="pingpong")

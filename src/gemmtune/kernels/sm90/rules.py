@@ -365,20 +365,32 @@ def signature_reason(config: GemmConfig, signature: KernelSignature) -> str | No
 
 
 def bias_register_limit(config: GemmConfig, signature: KernelSignature) -> int | None:
-    """Accumulator registers per thread from which a binary with a bias spills, TMA stores or
-    not (thread stores: `thread_store_register_limit`), or None where it does not. Compiled on
-    the CPU, every tile of 128 accumulators or more in every decomposition: swapped (the bias
-    along the tile's rows) from 176 (bf16: 4 local-memory operations at 128x176 ping-pong,
-    48-89 from 192); beside per-row fp8 scales from 128 swapped (12-94), 64 swapped with thread
-    stores (2-6 from 72) and 160 not (14-21 at 128x160 ping-pong split by K, 256x176
-    cooperative stream-K, 128x192 and 256x200)."""
+    """Accumulator registers per thread from which a binary with a bias spills, or None where
+    it does not. Compiled on the CPU, every tile of 64 accumulators or more in every
+    decomposition, swapped or not, bf16 and fp8 per tensor, per row and promoted:
+    - swapped (the bias along the tile's rows) from 176 (bf16: 4 local-memory operations at
+      128x176 ping-pong, 48-89 from 192);
+    - beside per-row fp8 scales from 160 (14-21 at 128x160 ping-pong split by K, 256x176
+      cooperative stream-K, 128x192 and 256x200), swapped from 128 (12-94), swapped with
+      thread stores from 64 (2-6 from 72);
+    - with thread stores, 192-row tiles from 64 (4-24: 192x128 cooperative split by K, 88-96
+      data-parallel), other split-K tiles from 96 (8-12: 128x192 and 128x208 cooperative,
+      64x224 ping-pong), the rest from 144 (6-127: 128x144 ping-pong, 256x160-256x208)."""
     if not signature.bias:
         return None
+    limits = []
     if signature.scaling == "row":
-        if config.swap_ab:
-            return 128 if config.tma_store else 64
-        return 160
-    return 176 if config.swap_ab else None
+        limits.append((128 if config.tma_store else 64) if config.swap_ab else 160)
+    elif config.swap_ab:
+        limits.append(176)
+    if not config.tma_store:
+        if consumer_warpgroups(config) == 3:
+            limits.append(64)
+        elif config.decomposition is Decomposition.SPLIT_K:
+            limits.append(96)
+        else:
+            limits.append(144)
+    return min(limits, default=None)
 
 
 def thread_store_register_limit(signature: KernelSignature) -> int | None:
@@ -387,11 +399,8 @@ def thread_store_register_limit(signature: KernelSignature) -> int | None:
     every tile class in every decomposition: per-row fp8 scales (the tile's row factors held
     beside the accumulators) spilled 4-102 local-memory operations from 144 registers
     (128x144 ping-pong, 256x144-256x176 cooperative); 4-byte outputs 8-44 from 160 (128x160
-    ping-pong, 256x160 cooperative split-K); other M-major outputs from 192. Beside a bias
-    (bf16), 6-127 from 144 (128x144 ping-pong, 256x160-256x208 cooperative) and 12 from 128
-    split by K (128x256 cooperative, 64x256 ping-pong)."""
-    if signature.bias:
-        return 128
+    ping-pong, 256x160 cooperative split-K); other M-major outputs from 192. Beside a bias,
+    `bias_register_limit`."""
     if signature.scaling == "row":
         return 144
     if signature.out_bytes == 4:
