@@ -371,8 +371,9 @@ def bias_register_limit(config: GemmConfig, signature: KernelSignature) -> int |
     - swapped (the bias along the tile's rows) from 176 (bf16: 4 local-memory operations at
       128x176 ping-pong, 48-89 from 192);
     - beside per-row fp8 scales from 160 (14-21 at 128x160 ping-pong split by K, 256x176
-      cooperative stream-K, 128x192 and 256x200), swapped from 128 (12-94), swapped with
-      thread stores from 64 (2-6 from 72);
+      cooperative stream-K, 128x192 and 256x200), with thread stores from 96 (2 at 128x208
+      stream-K and 128x224), swapped from 128 (12-94), swapped with thread stores from 64 (2-6
+      from 72);
     - with thread stores, 192-row tiles from 64 (4-24: 192x128 cooperative split by K, 88-96
       data-parallel), other split-K tiles from 96 (8-12: 128x192 and 128x208 cooperative,
       64x224 ping-pong), the rest from 144 (6-127: 128x144 ping-pong, 256x160-256x208)."""
@@ -380,7 +381,10 @@ def bias_register_limit(config: GemmConfig, signature: KernelSignature) -> int |
         return None
     limits = []
     if signature.scaling == "row":
-        limits.append((128 if config.tma_store else 64) if config.swap_ab else 160)
+        if config.swap_ab:
+            limits.append(128 if config.tma_store else 64)
+        else:
+            limits.append(160 if config.tma_store else 96)
     elif config.swap_ab:
         limits.append(176)
     if not config.tma_store:
