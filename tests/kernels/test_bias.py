@@ -5,12 +5,10 @@ checked against, and which scaled_mm calls plan for it."""
 import dataclasses
 
 import pytest
-import test_bias_gpu as gpu_cases
 import torch
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.device import Arch
-from gemmtune.core.dtypes import torch_dtype
 from gemmtune.core.problem import GemmProblem, Operand
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm90 import rules
@@ -93,29 +91,6 @@ def test_the_rules_refuse_the_binaries_that_spill_beside_a_bias():
     assert not rules.signature_reason(
         dataclasses.replace(pingpong, tile_n=160), dataclasses.replace(row, bias=False)
     )
-
-
-@pytest.mark.parametrize("case", gpu_cases.CASE_LINES)
-def test_every_gpu_case_is_one_the_rules_serve(case):
-    config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = (
-        gpu_cases.parse_case(case)
-    )
-    problem = GemmProblem.of_shape(
-        m,
-        n,
-        k,
-        dtype=torch_dtype(a_name),
-        b_dtype=torch_dtype(b_name),
-        out_dtype=torch_dtype(out_name),
-        layout="tt",
-        out_major=out_major,
-        device="cuda:0",
-        arch=Arch.SM90,
-        scaling=scaling or None,
-        promoted=promoted,
-        bias=True,
-    )
-    assert problem.bias and rules.serves(config, problem) is None
 
 
 def test_the_reference_and_torchs_product_add_the_bias():

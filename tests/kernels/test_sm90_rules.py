@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import test_bias_gpu as bias_cases
 import test_sm90_fp8_gpu as fp8_cases
 from test_sm90_gpu import CASE_LINES, parse_case
 
@@ -274,11 +275,9 @@ def test_every_gpu_case_is_one_the_rules_serve(case):
     assert rules.serves(config, problem) is None
 
 
-@pytest.mark.parametrize("case", fp8_cases.CASE_LINES)
-def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
-    config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = (
-        fp8_cases.parse_case(case)
-    )
+def case_problem(parsed: tuple, bias: bool = False) -> tuple[GemmConfig, GemmProblem]:
+    """The config and problem of a case of an fp8 or bias GPU test (their `parse_case`)."""
+    config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = parsed
     problem = GemmProblem.of_shape(
         m,
         n,
@@ -290,10 +289,23 @@ def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
         out_major=out_major,
         device="cuda:0",
         arch=Arch.SM90,
-        scaling=scaling,
+        scaling=scaling or None,
         promoted=promoted,
+        bias=bias,
     )
+    return config, problem
+
+
+@pytest.mark.parametrize("case", fp8_cases.CASE_LINES)
+def test_every_fp8_gpu_case_is_one_the_rules_serve(case):
+    config, problem = case_problem(fp8_cases.parse_case(case))
     assert rules.serves(config, problem) is None
+
+
+@pytest.mark.parametrize("case", bias_cases.CASE_LINES)
+def test_every_bias_gpu_case_is_one_the_rules_serve(case):
+    config, problem = case_problem(bias_cases.parse_case(case), bias=True)
+    assert problem.bias and rules.serves(config, problem) is None
 
 
 def test_widths_of_an_odd_number_of_8_column_blocks_serve_all_inputs_but_int8():

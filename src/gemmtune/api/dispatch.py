@@ -569,6 +569,7 @@ def scaled_mm(
     if (
         scale_result is not None
         or not all(isinstance(t, torch.Tensor) for t in (a, b, scale_a, scale_b))
+        or not (bias is None or isinstance(bias, torch.Tensor))
         or a.dtype not in FP8_DTYPES
         or not a.is_cuda
     ):
@@ -581,10 +582,6 @@ def scaled_mm(
             scale_result=scale_result,
             out_dtype=out_dtype,
             use_fast_accum=use_fast_accum,
-        )
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        return torch._scaled_mm(
-            a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype, use_fast_accum=use_fast_accum
         )
     return DISPATCHER.scaled(
         a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
