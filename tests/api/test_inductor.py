@@ -58,15 +58,30 @@ def test_cuda_gemms_of_our_dtypes_go_to_the_gemmtune_ops():
     assert targets(graph) == [mm, mm, int_mm, aten.mm.default, aten.mm.default, aten.addmm.default]
 
 
-def test_addmm_becomes_our_product_plus_the_bias():
+def test_addmm_with_a_linear_layers_bias_becomes_our_product_with_the_bias():
+    """A contiguous vector of the output's type goes to the op, whose kernel adds it."""
     bf16 = torch.bfloat16
     specs = [((4,), bf16, "cuda"), ((8, 16), bf16, "cuda"), ((16, 4), bf16, "cuda")]
     graph = graph_of([(aten.addmm.default, specs, {})])
     assert rewrite_gemms(graph) == 1
-    assert targets(graph) == [torch.ops.gemmtune.mm.default, aten.add.Tensor]
-    add = next(n for n in graph.nodes if n.target is aten.add.Tensor)
-    assert add.args[1].name == "x0_0" and add.meta["val"].shape == (8, 4)
+    assert targets(graph) == [torch.ops.gemmtune.mm.default]
+    (product,) = (n for n in graph.nodes if n.op == "call_function")
+    assert [getattr(x, "name", x) for x in product.args] == ["x0_1", "x0_2", None, False, "x0_0"]
+    assert product.meta["val"].shape == (8, 4)
     graph.lint()
+
+
+def test_addmm_with_any_other_bias_becomes_our_product_plus_the_bias():
+    """A matrix, a row of another type: added after the op, an add Inductor fuses."""
+    bf16 = torch.bfloat16
+    for bias in (((8, 4), bf16, "cuda"), ((1, 4), bf16, "cuda"), ((4,), torch.float32, "cuda")):
+        specs = [bias, ((8, 16), bf16, "cuda"), ((16, 4), bf16, "cuda")]
+        graph = graph_of([(aten.addmm.default, specs, {})])
+        assert rewrite_gemms(graph) == 1
+        assert targets(graph) == [torch.ops.gemmtune.mm.default, aten.add.Tensor]
+        add = next(n for n in graph.nodes if n.target is aten.add.Tensor)
+        assert add.args[1].name == "x0_0" and add.meta["val"].shape == (8, 4)
+        graph.lint()
 
 
 def test_the_pass_runs_after_one_installed_before_and_installs_once(inductor_post_pass):
@@ -165,6 +180,6 @@ def test_a_constant_b_of_the_graph_is_passed_as_constant_b():
     assert rewrite_gemms(graph) == 4
     mm = torch.ops.gemmtune.mm.default
     products = [n for n in graph.nodes if n.target is mm]
-    assert [n.args[3:] for n in products] == [(True,), (), (True,)]
+    assert [n.args[3:] for n in products] == [(True,), (), (True, bias)]
     assert integer.target is torch.ops.gemmtune.int_mm.default and integer.args[2:] == (True,)
     torch.fx.GraphModule(owner, graph).graph.lint()

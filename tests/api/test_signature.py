@@ -65,7 +65,7 @@ def test_the_c_signature_tells_calls_apart_exactly_as_python_does():
 def test_what_the_c_signature_cannot_read_is_read_from_python():
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     deep = torch.randn((1,) * 9)
-    for tensors in ((a, "b"), (a, None), (a, b, a, b), (deep, b)):
+    for tensors in ((a, "b"), (a, None), (a, b, a, b, a), (deep, b)):
         assert NATIVE_SIGNATURE(*tensors) is None
     assert plan_key(deep, b, None, None, None) == python_signature(deep, b)
     with pytest.raises(AttributeError):  # a wrong call fails as it fails without the key

@@ -15,10 +15,29 @@ def test_the_op_passes_torch_checks():
         torch.library.opcheck(torch.ops.gemmtune.mm.default, args)
 
 
+def test_the_op_with_a_bias_passes_torch_checks():
+    a, b = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    for bias in (torch.randn(4), torch.randn(8, 1), torch.randn(8, 4)):
+        bias.requires_grad_()
+        torch.library.opcheck(torch.ops.gemmtune.mm.default, (a, b, None, False, bias))
+
+
 def test_gradients_match_torch_matmul():
     a = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
     b = torch.randn(16, 4, dtype=torch.float64, requires_grad=True)  # broadcast over the batch
     torch.autograd.gradcheck(lambda a, b: torch.ops.gemmtune.mm(a, b), (a, b))
+
+
+@pytest.mark.parametrize("bias_shape", [(4,), (8, 1), (2, 1, 4)], ids=str)
+def test_gradients_with_a_bias_match_torch(bias_shape):
+    """The bias's gradient is the output's summed over what the bias was broadcast along."""
+    f64 = torch.float64
+    a = torch.randn(2, 8, 16, dtype=f64, requires_grad=True)
+    b = torch.randn(2, 16, 4, dtype=f64, requires_grad=True)
+    bias = torch.randn(bias_shape, dtype=f64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda a, b, bias: torch.ops.gemmtune.mm(a, b, None, False, bias), (a, b, bias)
+    )
 
 
 def test_fake_implementation_gives_shape_and_dtype():
@@ -33,6 +52,10 @@ def test_fake_implementation_gives_shape_and_dtype():
         assert out.shape == (5, 8, 4) and out.dtype == torch.float32
         with pytest.raises(ValueError, match="inner dimensions"):
             torch.ops.gemmtune.mm(a, torch.empty(8, 4, dtype=torch.bfloat16))
+        bias = torch.empty(4, dtype=torch.bfloat16)
+        assert torch.ops.gemmtune.mm(a, b, bias=bias).shape == (5, 8, 4)
+        with pytest.raises(ValueError, match="does not broadcast"):
+            torch.ops.gemmtune.mm(a, b, bias=torch.empty(8, dtype=torch.bfloat16))
 
 
 def test_linear_layers_are_swapped_in_place_and_compile():

@@ -62,8 +62,8 @@ typedef struct {
   void *current_work_stream;
 } DLPackExchangeAPI;
 
-/* a, b and out: the most tensors a call passes */
-#define MAX_TENSORS 3
+/* a, b, out and a bias: the most tensors a call passes */
+#define MAX_TENSORS 4
 /* tuned_gemm multiplies 2-D and 3-D tensors; a rank beyond this is read from Python */
 #define MAX_RANK 8
 /* per tensor: two words of rank, dtype and device, then a shape and a stride per dimension */

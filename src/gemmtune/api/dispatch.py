@@ -66,10 +66,14 @@ class Plan:
     device: torch.device | None = None
     workspace_stream: int | None = None  # the stream whose workspace `args` holds, if any
     reason: FallbackReason | str | None = None  # why torch serves
-    torch_op: Callable = torch.matmul  # what serves a call without out/out_dtype where torch does
+    #: what serves a call without out/out_dtype where torch does; a biased call's plan
+    #: (`api.bias`): torch.addmm's route, or None where the bias is added to tuned_gemm's product
+    torch_op: Callable | None = torch.matmul
     #: what the kernel assumes of `out`'s address: 16 bytes, or one element where the plan's
     #: kernel stores directly to an output TMA cannot (`GemmProblem.out_aligned`)
     out_alignment: int = ALIGNMENT_BYTES
+    #: a biased call's kernel: where the bias goes among `args` (after the bound scales)
+    bias_at: int = 0
 
 
 def python_signature(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> tuple:
@@ -167,6 +171,9 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
     # and device: no TensorOptions merged with a's, as `a.new_empty` does
     empty_strided = torch.empty_strided
     is_grad_enabled = torch.is_grad_enabled
+    from gemmtune.api.bias import biased_function
+
+    biased = biased_function(dispatcher)
 
     def tuned_gemm(
         a: torch.Tensor,
@@ -176,15 +183,21 @@ def dispatch_function(dispatcher: Dispatcher) -> Callable[..., torch.Tensor]:
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
         constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`a @ b` (2-D, or batched 3-D), by the best kernel for the problem on this GPU.
+        """`a @ b` (2-D, or batched 3-D), plus `bias` where given, by the best kernel for the
+        problem on this GPU.
 
         On the first call for a problem's bucket it tunes (mode "tune"), then caches;
         afterwards it dispatches. What our kernels do not serve goes to torch.matmul; wrong
         calls raise. `constant_b`: no kernel launched right before this call on the stream
         writes `b` (a weight during inference); our Hopper kernels then start loading `b`
-        while that kernel finishes.
+        while that kernel finishes. `bias` broadcasts to the output (as torch.addmm's); a
+        contiguous (n,) vector of the output's type is added in our kernel's epilogue, before
+        rounding (`api.bias`).
         """
+        if bias is not None:
+            return biased(a, b, bias, out, out_dtype, mode, constant_b)
         key = signature(a, b) if out is None else signature(a, b, out)
         if key is None:
             key = python_signature(a, b, out)
@@ -222,16 +235,19 @@ def with_autograd(
     out: torch.Tensor | None,
     out_dtype: torch.dtype | None,
     constant_b: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`a @ b` where autograd must record it and our kernel would serve: through
+    """`a @ b` (+ `bias`) where autograd must record it and our kernel would serve: through
     `torch.ops.gemmtune.mm`, whose forward is the same kernel (run with grad mode off) and whose
-    backward is two more of them. With `out=`, `fallback_matmul`: torch computes the product
-    and copies it into `out`, whose gradient flows through the copy."""
+    backward is two more of them (and the bias's gradient, the output's summed over rows).
+    With `out=`, `fallback_matmul`: torch computes the product and copies it into `out`, whose
+    gradient flows through the copy."""
     if out is not None:
-        return fallback_matmul(a, b, out, out_dtype)
+        result = fallback_matmul(a, b, out, out_dtype)
+        return result if bias is None else result.add_(bias)
     from gemmtune.api.torch_ops import mm
 
-    return mm(a, b, out_dtype, constant_b)
+    return mm(a, b, out_dtype, constant_b, bias)
 
 
 def capturing(a: torch.Tensor) -> bool:
@@ -279,8 +295,11 @@ class Dispatcher:
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
         constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.gemm(a, b, out=out, out_dtype=out_dtype, mode=mode, constant_b=constant_b)
+        return self.gemm(
+            a, b, out=out, out_dtype=out_dtype, mode=mode, constant_b=constant_b, bias=bias
+        )  # fmt: skip
 
     def plan(
         self,
@@ -290,9 +309,18 @@ class Dispatcher:
         out_dtype: torch.dtype | None = None,
         mode: str | None = None,
         constant_b: bool = False,
+        bias: torch.Tensor | None = None,
     ) -> Plan:
-        """How `a @ b` is computed (found once per tensor signature, tuning if the mode says
-        so): a `Plan` whose `config` is None where torch.matmul serves, with the reason."""
+        """How `a @ b` (+ `bias`) is computed (found once per tensor signature, tuning if the
+        mode says so): a `Plan` whose `config` is None where torch serves or the bias is added
+        after the product, with the reason."""
+        if bias is not None:
+            from gemmtune.api.bias import bias_plan_key, new_bias_plan
+
+            key = bias_plan_key(a, b, bias, out, out_dtype, mode, self.signature, constant_b)
+            return self.plans.get(key) or new_bias_plan(
+                self, key, a, b, bias, out, out_dtype, mode, constant_b
+            )  # fmt: skip
         key = plan_key(a, b, out, out_dtype, mode, self.signature, constant_b)
         return self.plans.get(key) or self.new_plan(key, a, b, out, out_dtype, mode, constant_b)
 
@@ -596,8 +624,10 @@ def plan(
     out_dtype: torch.dtype | None = None,
     mode: str | None = None,
     constant_b: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> Plan:
     """How `tuned_gemm` computes `a @ b` with these arguments: the `Plan` a call makes (tuning
     first in mode "tune" where the cache lacks the bucket), whose `config` is the kernel that
-    runs, or None with the `reason` torch serves."""
-    return DISPATCHER.plan(a, b, out, out_dtype, mode, constant_b)
+    runs, or None with the `reason` torch serves (with a `bias`: or adds it after our
+    product)."""
+    return DISPATCHER.plan(a, b, out, out_dtype, mode, constant_b, bias)

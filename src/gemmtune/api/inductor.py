@@ -6,7 +6,9 @@ gemmtune ops.
 
 After AOT autograd (forward and backward graphs alike), `InductorPass` rewrites the graph's
 `aten.mm`, `aten.bmm` and `aten.addmm` on CUDA bf16/fp16 tensors into `gemmtune::mm` (addmm:
-`gemmtune::mm` then the bias added, which Inductor fuses with what follows), `aten._int_mm`
+with its bias where that is a contiguous vector of the output's type, which our kernel adds in
+its epilogue, as a linear layer's is; any other bias is added after `gemmtune::mm`, an add
+Inductor fuses with what follows), `aten._int_mm`
 on CUDA int8 into `gemmtune::int_mm`, and `aten._scaled_mm` on CUDA fp8 into
 `gemmtune::scaled_mm`. Inductor calls the ops as opaque kernels; at run time they are
 `tuned_gemm`, `int_mm` and `scaled_mm`, whose plans are made and cached per shape, and which
@@ -71,6 +73,22 @@ def constant_source(node: object) -> bool:
     return getattr(node, "op", None) == "get_attr"
 
 
+def epilogue_bias(bias: object, addmm: object) -> bool:
+    """Whether an addmm's `bias` is one our kernel adds in its epilogue: a contiguous vector,
+    one element per output column, of the output's type, which is the inputs' (a linear
+    layer's bias; a bias of a wider type widens addmm's output)."""
+    fake, out, a = _fake(bias), _fake(addmm), _fake(addmm.args[1])
+    return (
+        fake is not None
+        and out is not None
+        and a is not None
+        and fake.dim() == 1
+        and fake.shape[0] == out.shape[-1]
+        and fake.stride() == (1,)
+        and fake.dtype == out.dtype == a.dtype
+    )
+
+
 def rewrite_gemms(graph: torch.fx.Graph) -> int:
     """Rewrite `graph`'s mm, bmm, addmm, _int_mm and _scaled_mm calls that gemmtune takes (see
     the module's docstring); the number rewritten."""
@@ -105,6 +123,12 @@ def rewrite_gemms(graph: torch.fx.Graph) -> int:
             bias, a, b = node.args[:3]
             weighted = node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
             if not weighted and _ours(a, b, FLOAT_INPUTS):
+                if epilogue_bias(bias, node):
+                    node.target = mm
+                    node.args = (a, b, None, constant_source(b), bias)
+                    node.kwargs = {}
+                    rewritten += 1
+                    continue
                 with graph.inserting_before(node):
                     args = (a, b, None, True) if constant_source(b) else (a, b)
                     product = graph.call_function(mm, args)

@@ -1,12 +1,12 @@
 """tuned_gemm inside torch: the custom ops `gemmtune::mm`, `gemmtune::int_mm` and
 `gemmtune::scaled_mm`, and linear layers that use the first.
 
-`torch.ops.gemmtune.mm(a, b, out_dtype=None, constant_b=False)` is
-`tuned_gemm(a, b, out_dtype=..., constant_b=...)` as an
+`torch.ops.gemmtune.mm(a, b, out_dtype=None, constant_b=False, bias=None)` is
+`tuned_gemm(a, b, out_dtype=..., constant_b=..., bias=...)` as an
 opaque op: `torch.compile` traces it through its fake implementation (shapes and dtypes only)
 and calls the real one at run time, so a compiled model keeps our kernels. Its gradient is two
 more `gemmtune::mm` calls (`grad @ b^T`, `a^T @ grad`: transposed views, which our kernels
-take as they are).
+take as they are), and the bias's: the output's gradient summed to the bias's shape.
 """
 
 from __future__ import annotations
@@ -21,17 +21,20 @@ def mm(
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
     constant_b: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`a @ b` (2-D or batched 3-D) by tuned_gemm; tensors off the GPU go to torch.matmul."""
+    """`a @ b` (2-D or batched 3-D), plus `bias` (broadcast to the output), by tuned_gemm;
+    tensors off the GPU go to torch.matmul."""
     if not (a.is_cuda and b.is_cuda):
         from gemmtune.core.problem import fallback_matmul
 
-        return fallback_matmul(a, b, None, out_dtype)
+        product = fallback_matmul(a, b, None, out_dtype)
+        return product if bias is None else product.add_(bias)
     from gemmtune.api.dispatch import (
         tuned_gemm,  # the op is registered at `import gemmtune`, cheaply
     )
 
-    return tuned_gemm(a, b, out_dtype=out_dtype, constant_b=constant_b)
+    return tuned_gemm(a, b, out_dtype=out_dtype, constant_b=constant_b, bias=bias)
 
 
 @mm.register_fake
@@ -40,6 +43,7 @@ def _(
     b: torch.Tensor,
     out_dtype: torch.dtype | None = None,
     constant_b: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if a.dim() not in (2, 3) or b.dim() not in (2, 3):
         raise ValueError("gemmtune::mm takes 2-D or 3-D tensors")
@@ -49,16 +53,25 @@ def _(
     from gemmtune.core.problem import default_out_dtype
 
     shape = (*batch, a.shape[-2], b.shape[-1])
+    if bias is not None:
+        from gemmtune.api.bias import BiasFacts, check_bias
+
+        check_bias(BiasFacts.of(bias), shape)
     return a.new_empty(shape, dtype=out_dtype or default_out_dtype(a.dtype))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    a, b, *_ = inputs
+    a, b, _, _, bias = inputs
     ctx.save_for_backward(a, b)
+    ctx.bias_shape = None if bias is None else bias.shape
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward(ctx, grad: torch.Tensor):
     a, b = ctx.saved_tensors
+    grad_bias = None
+    if ctx.bias_shape is not None and ctx.needs_input_grad[4]:
+        grad_bias = grad.sum_to_size(ctx.bias_shape).to(ctx.bias_dtype)
     grad = grad.to(a.dtype)
     grad_a = mm(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
     grad_b = None
@@ -66,7 +79,7 @@ def _backward(ctx, grad: torch.Tensor):
         grad_b = mm(a.transpose(-1, -2), grad)
         if b.dim() == 2 and grad_b.dim() == 3:  # b was broadcast over the batch
             grad_b = grad_b.sum(0)
-    return grad_a, grad_b, None, None
+    return grad_a, grad_b, None, None, grad_bias
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)
@@ -146,9 +159,7 @@ class TunedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        y = mm(rows, self.weight.t(), None, self.constant_weight)
-        if self.bias is not None:
-            y = y + self.bias
+        y = mm(rows, self.weight.t(), None, self.constant_weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
