@@ -51,11 +51,13 @@ def suite_file_name(
     suite: str, dtypes: list[str], scaling: str, accumulation: str, bias: bool = False
 ) -> str:
     """The results file name of a suite run: the suite's (16-bit inputs), `<suite>-int8`, or
-    `<suite>-fp8-<scaling>[-promoted][-bias]` where those types are measured."""
+    `<suite>-fp8-<scaling>[-promoted]` where those types are measured; `-bias` where both
+    contenders add one."""
+    biased = "-bias" if bias else ""
     if set(dtypes) & {"e4m3", "e5m2"}:
         promoted = "-promoted" if accumulation == "promoted" else ""
-        return f"{suite}-fp8-{scaling}{promoted}" + ("-bias" if bias else "")
-    return f"{suite}-int8" if "int8" in dtypes else suite
+        return f"{suite}-fp8-{scaling}{promoted}{biased}"
+    return f"{suite}-int8" if "int8" in dtypes else f"{suite}{biased}"
 
 
 def write_results(

@@ -54,7 +54,7 @@ def bench_run(
 ) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
     cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`
-    (`scaling`, `accumulation` and `bias`: an fp8 product's)."""
+    (`scaling` and `accumulation`: an fp8 product's; `bias`: both contenders add one)."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
     command += ["--layout", layout, "--scaling", scaling, "--accumulation", accumulation]
     command += ["--bias"] if bias else []
@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 #: what `--bias` asks of both contenders
-BIAS_HELP = "fp8: both contenders add a bias (one bf16 element per output column)"
+BIAS_HELP = (
+    "both contenders add a bias, one element per output column in the output's type (16-bit: "
+    "tuned_gemm's against torch.addmm; fp8: scaled_mm's against torch._scaled_mm's)"
+)
 
 
 def input_kind(
@@ -148,6 +151,11 @@ def input_kind(
 ) -> str:
     """How the suite's inputs were drawn, for a results file's method."""
     kinds = ["torch.randn inputs" for d in dtypes if d != "int8"][:1]
+    if bias and set(dtypes) - set(FP8) - {"int8"}:
+        kinds.append(
+            "16-bit: a bias per column in the output's type (torch.randn times the square root "
+            "of K); ours tuned_gemm(a, b, bias=bias), contender torch.addmm(bias, a, b)"
+        )
     if set(dtypes) & set(FP8):
         biased = ", a bf16 bias per column (torch.randn times the square root of K)" * bias
         kinds.append(

@@ -306,7 +306,7 @@ def test_first_pass_suite_sends_the_tuners_finalists_to_the_final():
     assert reaches_final(behind) == {"behind"}
 
 
-def test_fp8_suite_runs_with_a_bias_name_their_files_and_inputs_so():
+def test_suite_runs_with_a_bias_name_their_files_and_inputs_so():
     from benchmarks.common import suite_file_name
     from benchmarks.public import input_kind
 
@@ -317,5 +317,8 @@ def test_fp8_suite_runs_with_a_bias_name_their_files_and_inputs_so():
         "public-fp8-row-promoted-bias"
     )
     assert suite_file_name("public", ["e4m3"], "tensor", "fast") == "public-fp8-tensor"
+    assert suite_file_name("serving", ["bf16", "fp16"], "tensor", "fast", True) == "serving-bias"
+    assert suite_file_name("serving", ["bf16"], "tensor", "fast") == "serving"
     assert "bias" in input_kind(["e4m3"], bias=True)
-    assert "bias" not in input_kind(["e4m3"])
+    assert "torch.addmm" in input_kind(["bf16"], bias=True)
+    assert "bias" not in input_kind(["e4m3"]) and "bias" not in input_kind(["bf16"])

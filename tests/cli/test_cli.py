@@ -366,9 +366,9 @@ def test_bench_of_fp8_needs_the_layout_scaled_mm_takes(capsys):
     assert "fp8 needs --layout nk" in capsys.readouterr().err
 
 
-def test_bench_adds_a_bias_to_fp8_products_only(capsys):
-    assert main(["bench", "--dtype", "bf16", "--layout", "nk", "--bias"]) == 2
-    assert "--bias is for fp8" in capsys.readouterr().err
+def test_bench_adds_no_bias_to_int8_products(capsys):
+    assert main(["bench", "--dtype", "int8", "--layout", "nk", "--bias"]) == 2
+    assert "--bias is for 16-bit and fp8" in capsys.readouterr().err
 
 
 def test_bench_with_an_unreadable_suite(capsys, tmp_path):

@@ -70,7 +70,7 @@ def load_shape_suite(path: Path | str | None = None, suite: str = "public") -> l
 def plan_config(
     a, b, mode: str, scales: tuple = (), fast_accum: bool = True, bias: torch.Tensor | None = None
 ) -> str:
-    """The config tuned_gemm's plan for (a, b) uses (scaled_mm's, given `scales` and `bias`):
+    """The config tuned_gemm's plan for (a, b) (+ `bias`) uses (scaled_mm's, given `scales`):
     its key, or "cublas" where torch serves."""
     from gemmtune.api.dispatch import DISPATCHER
     from gemmtune.core.config import CUBLAS
@@ -78,7 +78,7 @@ def plan_config(
     if scales:
         plan = DISPATCHER.scaled_plan(a, b, *scales, FP8_OUT, fast_accum, bias=bias)
     else:
-        plan = DISPATCHER.plan(a, b, mode=mode)
+        plan = DISPATCHER.plan(a, b, mode=mode, bias=bias)
     return CUBLAS if plan is None or plan.config is None else plan.config.key
 
 
@@ -89,9 +89,10 @@ FP8_OUT = torch.bfloat16
 def contenders(
     mode: str, scales: tuple, fast_accum: bool = True, bias: torch.Tensor | None = None
 ) -> tuple:
-    """(ours, torch's) as functions of (a, b): tuned_gemm and torch.matmul, or for int8 the
-    product through tuned_gemm and torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and
-    torch._scaled_mm, both with `use_fast_accum=fast_accum` and `bias`."""
+    """(ours, torch's) as functions of (a, b): tuned_gemm and torch.matmul (with a `bias`:
+    tuned_gemm's and torch.addmm), or for int8 the product through tuned_gemm and
+    torch._int_mm, or for fp8 (`scales`) gemmtune.scaled_mm and torch._scaled_mm, both with
+    `use_fast_accum=fast_accum` and `bias`."""
     from gemmtune.api.dispatch import scaled_mm, tuned_gemm
     from gemmtune.measure.runner import torch_product
 
@@ -100,6 +101,11 @@ def contenders(
         return (
             lambda a, b: scaled_mm(a, b, *scales, **options),
             lambda a, b: torch._scaled_mm(a, b, *scales, **options),
+        )
+    if bias is not None:
+        return (
+            functools.partial(tuned_gemm, mode=mode, bias=bias),
+            functools.partial(torch_product, bias=bias),
         )
     return functools.partial(tuned_gemm, mode=mode), torch_product
 
@@ -121,8 +127,8 @@ def compare_with_cublas(
     bias: bool = False,
 ) -> dict:
     """One results row (the kernel-row keys of `benchmarks/results/`) for one suite shape;
-    `scaling`, `fast_accum` and `bias` (one per column, randn times the square root of K, in
-    the output's type) are an fp8 product's."""
+    `scaling` and `fast_accum` are an fp8 product's; `bias` adds one (one element per column,
+    randn times the square root of K, in the output's type) in both contenders."""
     from gemmtune.kernels.signature import KernelSignature
     from gemmtune.measure.bandwidth import gemm_bytes
     from gemmtune.measure.runner import (
@@ -146,8 +152,11 @@ def compare_with_cublas(
         a[:, k:] = 0
         b[k:, :] = 0
     scales, biases = (), None
-    if fp8:
-        signature = KernelSignature(dtype_name, "bf16", "k", "k", scaling=scaling, bias=bias)
+    if fp8 or bias:
+        signature = KernelSignature(
+            dtype_name, "bf16" if fp8 else dtype_name, "k", "k", scaling=scaling if fp8 else "",
+            bias=bias,
+        )  # fmt: skip
         scales = random_scales(signature, m, np_, a.device)
         biases = random_bias(signature, np_, k, a.device)
     ours_fn, torch_fn = contenders(mode, scales, fast_accum, biases)
@@ -190,7 +199,9 @@ def compare_with_cublas(
     if (kp, np_) != (k, n):
         row["padded_to"] = {"k": kp, "n": np_}
     if fp8:
-        row.update(scaling=scaling, use_fast_accum=fast_accum, bias=bias)
+        row.update(scaling=scaling, use_fast_accum=fast_accum)
+    if fp8 or bias:
+        row["bias"] = bias
     if reference_gbps:
         row["bw_fraction"] = row["gbps"] / reference_gbps
         row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
@@ -279,8 +290,8 @@ def run(args: argparse.Namespace) -> int:
             "gemmtune bench: fp8 needs --layout nk (torch._scaled_mm, and gemmtune.scaled_mm, "
             "take b column-major: x @ w.t())"
         )
-    if args.bias and args.dtype not in FP8:
-        return fail("gemmtune bench: --bias is for fp8 (gemmtune.scaled_mm's bias)")
+    if args.bias and args.dtype == "int8":
+        return fail("gemmtune bench: --bias is for 16-bit and fp8 inputs (int8 products take none)")
     import torch
 
     if not torch.cuda.is_available():

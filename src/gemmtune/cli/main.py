@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bias",
         action="store_true",
-        help="fp8: both contenders add a bias (one bf16 element per column of the output)",
+        help="both contenders add a bias, one element per column of the output in its type "
+        "(tuned_gemm's or gemmtune.scaled_mm's, against torch.addmm or torch._scaled_mm's)",
     )
     p.add_argument(
         "--mode",
