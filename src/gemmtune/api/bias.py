@@ -90,7 +90,8 @@ def addmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 def bias_plan_key(
     a, b, bias, out, out_dtype, mode: str | None, signature: Callable | None, constant_b: bool
 ) -> tuple:
-    """What decides a biased call's plan: `dispatch.plan_key`'s facts with the bias's."""
+    """What decides a biased call's plan: `dispatch.plan_key`'s facts with the bias's.
+    `biased_function` builds the same key inline."""
     from gemmtune.api.dispatch import python_signature
 
     key = None
@@ -105,7 +106,7 @@ def bias_plan_key(
 def biased_function(dispatcher) -> Callable[..., torch.Tensor]:
     """The hot path of `tuned_gemm`'s biased calls over `dispatcher`'s plans:
     `biased(a, b, bias, out, out_dtype, mode, constant_b)`."""
-    from gemmtune.api.dispatch import with_autograd
+    from gemmtune.api.dispatch import python_signature, with_autograd
 
     plans = dispatcher.plans
     signature = dispatcher.signature
@@ -118,7 +119,13 @@ def biased_function(dispatcher) -> Callable[..., torch.Tensor]:
         return product.add_(bias)
 
     def biased(a, b, bias, out, out_dtype, mode, constant_b) -> torch.Tensor:
-        key = bias_plan_key(a, b, bias, out, out_dtype, mode, signature, constant_b)
+        key = None
+        if signature is not None:
+            key = signature(a, b, bias) if out is None else signature(a, b, out, bias)
+        if key is None:
+            facts = (bias.shape, bias.stride(), bias.dtype, bias.get_device())
+            key = (python_signature(a, b, out), *facts)
+        key = (BIASED, key, out_dtype, mode, constant_b)
         plan = plans.get(key) or new_bias_plan(
             dispatcher, key, a, b, bias, out, out_dtype, mode, constant_b
         )  # fmt: skip
