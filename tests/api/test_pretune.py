@@ -47,22 +47,47 @@ def test_a_llama_config_names_its_four_projections():
         ("gate_up", 28672, 4096),
         ("down", 4096, 14336),
     ]
+    assert not any(s.bias for s in shapes)
     listed = shapes_from_config({"dtype": "fp16", "linears": [{"name": "w", "n": 8, "k": 16}]})
     assert listed == [LinearShape("w", 8, 16, torch.float16)]
+    biased = shapes_from_config({"linears": [{"n": 8, "k": 16, "bias": True}]})
+    assert biased == [LinearShape("linear0", 8, 16, torch.bfloat16, bias=True)]
+    qwen_like = shapes_from_config({**LLAMA3_8B, "attention_bias": True})
+    assert [s.bias for s in qwen_like] == [True, True, False, False]
     with pytest.raises(ValueError, match="hidden_size"):
         shapes_from_config({"intermediate_size": 4})
 
 
 def test_a_models_linear_layers_are_found_from_their_weights_once_each():
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.Linear(64, 128))
+    model = nn.Sequential(
+        nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.Linear(64, 128),
+        nn.Linear(64, 128, bias=False),
+    )  # fmt: skip
     model[2] = nn.Sequential(model[2])  # nested
     use_tuned_linear(model[2])  # a TunedLinear counts too
     shapes = linear_shapes(model)
     f32 = torch.float32
-    assert [(s.n, s.k, s.dtype) for s in shapes] == [(128, 64, f32), (64, 128, f32)]
+    assert [(s.n, s.k, s.dtype, s.bias) for s in shapes] == [
+        (128, 64, f32, True), (64, 128, f32, True), (128, 64, f32, False)
+    ]  # fmt: skip
     gemms = linear_gemms(shapes, [1, 32])
-    assert gemms[:2] == [GemmShape(1, 128, 64, dtype=f32), GemmShape(32, 128, 64, dtype=f32)]
+    assert gemms[:2] == [
+        GemmShape(1, 128, 64, dtype=f32, bias=True), GemmShape(32, 128, 64, dtype=f32, bias=True)
+    ]  # fmt: skip
     assert all(g.layout == "tt" for g in gemms)  # x @ w.t(): b K-major
+
+
+@pytest.mark.parametrize(("arch", "fused"), [(Arch.SM90, True), (Arch.SM100, False)])
+def test_a_biased_layers_problem_is_the_one_tuned_gemm_meets(monkeypatch, arch, fused):
+    """Where the kernel adds the bias the biased problem (a bucket of its own), else the
+    product the bias is added to."""
+    import gemmtune.core.problem as problem_module
+
+    monkeypatch.setattr(problem_module, "arch_of", lambda index: arch)
+    gemm = GemmShape(16, 4096, 4096, bias=True)
+    p = gemm.problem(torch.device("cuda", 0))
+    assert p.supported and p.bias is fused
+    assert not GemmShape(16, 4096, 4096).problem(torch.device("cuda", 0)).bias
 
 
 def test_held_keys_go_to_their_lowest_holder_and_the_rest_queue_longest_first():

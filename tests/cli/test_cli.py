@@ -446,13 +446,16 @@ def test_pretune_names_its_gemms_from_a_config_and_a_shapes_file(tmp_path):
         '{"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,'
         ' "num_key_value_heads": 8}'
     )
-    (tmp_path / "shapes.json").write_text('{"shapes": [{"m": 100, "n": 200, "k": 300}]}')
+    (tmp_path / "shapes.json").write_text(
+        '{"shapes": [{"m": 100, "n": 200, "k": 300}, {"m": 8, "n": 64, "k": 32, "bias": true}]}'
+    )
     args = build_parser().parse_args(
         ["pretune", "--model-config", str(tmp_path / "model.json"), "--batch-sizes", "1", "16",
          "--shapes", str(tmp_path / "shapes.json"), "--dtype", "fp16"]
     )  # fmt: skip
     gemms = pretune.gemms_of(args)
-    assert len(gemms) == 4 * 2 + 1
+    assert len(gemms) == 4 * 2 + 2
     assert (gemms[0].m, gemms[0].n, gemms[0].k, gemms[0].layout) == (1, 6144, 4096, "tt")
     assert all(g.dtype == torch.float16 for g in gemms)
-    assert (gemms[-1].m, gemms[-1].n, gemms[-1].k) == (100, 200, 300)
+    assert (gemms[-2].m, gemms[-2].n, gemms[-2].k, gemms[-2].bias) == (100, 200, 300, False)
+    assert (gemms[-1].m, gemms[-1].bias) == (8, True)

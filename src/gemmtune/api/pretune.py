@@ -5,7 +5,8 @@
 
 A model's GEMMs are known from its weights: every `nn.Linear` (and `TunedLinear`) of k inputs
 and n outputs meets `x @ w.t()`, an (M x k) @ (k x n) product with `b` K-major, at every batch
-size M. They are enumerated as results-cache buckets (`LinearShape` x batch size, one problem
+size M, plus its bias where it has one (a bucket of its own where our kernel adds the bias,
+`api.bias`). They are enumerated as results-cache buckets (`LinearShape` x batch size, one problem
 per bucket); buckets the cache holds are skipped and the rest tuned one by one, each record
 stored as soon as it is tuned, so an interrupted pretune keeps what it tuned and a rerun
 resumes.
@@ -68,6 +69,7 @@ class LinearShape:
     n: int
     k: int
     dtype: torch.dtype = torch.bfloat16
+    bias: bool = False  # the layer adds a bias (one per output)
 
 
 def linear_shapes(model: nn.Module, dtype: torch.dtype | None = None) -> list[LinearShape]:
@@ -80,20 +82,27 @@ def linear_shapes(model: nn.Module, dtype: torch.dtype | None = None) -> list[Li
     for name, module in model.named_modules():
         if isinstance(module, (nn.Linear, TunedLinear)):
             n, k = module.weight.shape
-            shape = LinearShape(name, n, k, dtype or module.weight.dtype)
-            shapes.setdefault((shape.n, shape.k, shape.dtype), shape)
+            biased = module.bias is not None
+            shape = LinearShape(name, n, k, dtype or module.weight.dtype, biased)
+            shapes.setdefault((shape.n, shape.k, shape.dtype, shape.bias), shape)
     return list(shapes.values())
 
 
 def shapes_from_config(config: dict) -> list[LinearShape]:
     """The GEMMs a model config names: `{"dtype": "bf16", "linears": [{"name": "qkv", "n":
-    6144, "k": 4096}, ...]}`, or a Llama-style config (`hidden_size`, `intermediate_size`,
-    `num_attention_heads`, `num_key_value_heads`, optional `head_dim`), whose layer has a qkv,
-    an o, a fused gate-up and a down projection."""
+    6144, "k": 4096, "bias": true}, ...]}`, or a Llama-style config (`hidden_size`,
+    `intermediate_size`, `num_attention_heads`, `num_key_value_heads`, optional `head_dim`,
+    `attention_bias` and `mlp_bias`), whose layer has a qkv, an o, a fused gate-up and a down
+    projection."""
     dtype = dtypes.torch_dtype(config.get("dtype", "bf16"))
     if "linears" in config:
-        return [LinearShape(e.get("name", f"linear{i}"), int(e["n"]), int(e["k"]), dtype)
-                for i, e in enumerate(config["linears"])]  # fmt: skip
+        return [
+            LinearShape(
+                e.get("name", f"linear{i}"), int(e["n"]), int(e["k"]), dtype,
+                bool(e.get("bias", False)),
+            )
+            for i, e in enumerate(config["linears"])
+        ]  # fmt: skip
     try:
         hidden = int(config["hidden_size"])
         intermediate = int(config["intermediate_size"])
@@ -104,18 +113,20 @@ def shapes_from_config(config: dict) -> list[LinearShape]:
         ) from None
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim", hidden // heads))
+    attention, mlp = bool(config.get("attention_bias")), bool(config.get("mlp_bias"))
     return [
-        LinearShape("qkv", (heads + 2 * kv_heads) * head_dim, hidden, dtype),
-        LinearShape("o", hidden, heads * head_dim, dtype),
-        LinearShape("gate_up", 2 * intermediate, hidden, dtype),
-        LinearShape("down", hidden, intermediate, dtype),
+        LinearShape("qkv", (heads + 2 * kv_heads) * head_dim, hidden, dtype, attention),
+        LinearShape("o", hidden, heads * head_dim, dtype, attention),
+        LinearShape("gate_up", 2 * intermediate, hidden, dtype, mlp),
+        LinearShape("down", hidden, intermediate, dtype, mlp),
     ]
 
 
 @dataclass(frozen=True)
 class GemmShape:
     """One problem to pretune, without a device: `a (m x k) @ b (k x n)`, a batch of `l` where
-    given; `layout` names A then B, "t" for K-major ("tt" is `x @ w.t()`)."""
+    given; `layout` names A then B, "t" for K-major ("tt" is `x @ w.t()`); `bias`: plus a bias
+    per output column, in the output's type."""
 
     m: int
     n: int
@@ -123,16 +134,24 @@ class GemmShape:
     l: int | None = None
     dtype: torch.dtype = torch.bfloat16
     layout: str = "tt"
+    bias: bool = False
 
     def problem(self, device: torch.device | int | str) -> GemmProblem:
-        return GemmProblem.of_shape(
-            self.m, self.n, self.k, self.l, dtype=self.dtype, layout=self.layout, device=device
-        )
+        """The problem tuned_gemm meets: with a bias, the one whose kernel adds it, or where no
+        kernel of this GPU adds one (`api.bias`), the product the bias is added to."""
+        options = {"dtype": self.dtype, "layout": self.layout, "device": device}
+        p = GemmProblem.of_shape(self.m, self.n, self.k, self.l, **options, bias=self.bias)
+        if any(reason.code == "bias" for reason in p.fallback_reasons):
+            p = GemmProblem.of_shape(self.m, self.n, self.k, self.l, **options)
+        return p
 
 
 def linear_gemms(shapes: Iterable[LinearShape], batch_sizes: Sequence[int]) -> list[GemmShape]:
-    """One GEMM per (layer shape, batch size): (batch x k) @ (k x n) as `x @ w.t()` makes it."""
-    return [GemmShape(m, s.n, s.k, dtype=s.dtype) for s in shapes for m in batch_sizes]
+    """One GEMM per (layer shape, batch size): (batch x k) @ (k x n) as `x @ w.t()` makes it,
+    with the layer's bias."""
+    return [
+        GemmShape(m, s.n, s.k, dtype=s.dtype, bias=s.bias) for s in shapes for m in batch_sizes
+    ]
 
 
 @dataclass(frozen=True)
@@ -482,7 +501,7 @@ def pretune(
     if model is not None:
         found += linear_shapes(model)
     if dtype is not None:
-        found = [LinearShape(s.name, s.n, s.k, dtype) for s in found]
+        found = [LinearShape(s.name, s.n, s.k, dtype, s.bias) for s in found]
     every = [*linear_gemms(found, batch_sizes), *gemms]
     if gpus is not None and len(gpus) > 1:
         return pretune_on_gpus(every, gpus, progress=progress)

@@ -13,8 +13,8 @@ from gemmtune.core.dtypes import torch_dtype
 
 def gemms_of(args: argparse.Namespace) -> list:
     """The GEMMs the arguments name: a model config's layers at the batch sizes, and a shapes
-    file's problems as they are (`{"shapes": [{"m": .., "n": .., "k": .., "l"?: ..}]}`, the
-    shape suites' format, at `--dtype` and `--layout`)."""
+    file's problems as they are (`{"shapes": [{"m": .., "n": .., "k": .., "l"?: ..,
+    "bias"?: true}]}`, the shape suites' format, at `--dtype` and `--layout`)."""
     from gemmtune.api.pretune import GemmShape, linear_gemms, shapes_from_config
 
     dtype = torch_dtype(args.dtype)
@@ -27,8 +27,11 @@ def gemms_of(args: argparse.Namespace) -> list:
         doc = json.loads(Path(args.shapes).read_text())
         for s in doc["shapes"] if isinstance(doc, dict) else doc:
             gemms.append(
-                GemmShape(s["m"], s["n"], s["k"], s.get("l"), dtype=dtype, layout=args.layout)
-            )
+                GemmShape(
+                    s["m"], s["n"], s["k"], s.get("l"), dtype=dtype, layout=args.layout,
+                    bias=bool(s.get("bias", False)),
+                )
+            )  # fmt: skip
     return gemms
 
 
