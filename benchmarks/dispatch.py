@@ -3,15 +3,17 @@
 A 128x128x128 bf16 problem (the GPU finishes it long before the host issues the next call, so
 host time is what is measured): `torch.mm(a, b)`; `tuned_gemm(a, b)` where the results cache
 says our kernel won the bucket (the ranking model's first choice, stored as a tuning would store
-it) and where it says cuBLAS won; `tuned_gemm(a, b, mode="off")`; and the compiled kernel's
-launcher called directly. Both cached records live in a results cache of their own, in a
-temporary directory, so nothing is tuned and the user's cache is not touched. Each contender
-runs loops of `--calls` back-to-back calls; one round runs one loop of every contender, in an
-order that rotates from round to round, `--loops` rounds. A contender's `us` is the median of its
-loops' mean time per call. Rows `dispatch_ours`, `dispatch_cublas` and `dispatch_off` hold
-tuned_gemm's excess over torch.mm on the same tensors: the median over rounds of the difference
-between the two loops of one round, so a host that speeds up or slows down between rounds (a
-shared machine does) moves both sides of each difference alike.
+it) and where it says cuBLAS won; `tuned_gemm(a, b, mode="off")`; the compiled kernel's
+launcher called directly; and with a bias (one per column), `torch.addmm(bias, a, b)` beside
+`tuned_gemm(a, b, bias=bias)` where our kernel adds it and where cuBLAS won (torch.addmm).
+The cached records live in a results cache of their own, in a temporary directory, so nothing
+is tuned and the user's cache is not touched. Each contender runs loops of `--calls`
+back-to-back calls; one round runs one loop of every contender, in an order that rotates from
+round to round, `--loops` rounds. A contender's `us` is the median of its loops' mean time per
+call. Rows `dispatch_*` hold tuned_gemm's excess over torch.mm (`dispatch_*_bias`: over
+torch.addmm) on the same tensors: the median over rounds of the difference between the two
+loops of one round, so a host that speeds up or slows down between rounds (a shared machine
+does) moves both sides of each difference alike.
 
     python -m benchmarks dispatch --out-dir DIR [--calls 200] [--loops 300]
 """
@@ -67,15 +69,20 @@ def main(argv: list[str] | None = None) -> Path:
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     a2 = torch.randn(size, 2 * size, device="cuda", dtype=torch.bfloat16)  # another bucket
     b2 = torch.randn(2 * size, size, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(size, device="cuda", dtype=torch.bfloat16)
     chooser = DISPATCHER.chooser
     chooser.results = ResultsCache(Path(tempfile.mkdtemp(prefix="gemmtune-dispatch-")) / "r.db")
-    first = chooser.first_choice(GemmProblem.from_tensors(a, b))
-    for x, y, config in ((a, b, first.key), (a2, b2, CUBLAS)):
-        key = chooser.bucket_key(GemmProblem.from_tensors(x, y))
-        chooser.results.store(key, TunedRecord(config=config, ms=None, how="dispatch suite"))
+    for biased in (False, True):
+        first = chooser.first_choice(GemmProblem.from_tensors(a, b, bias=biased))
+        for x, y, config in ((a, b, first.key), (a2, b2, CUBLAS)):
+            key = chooser.bucket_key(GemmProblem.from_tensors(x, y, bias=biased))
+            chooser.results.store(key, TunedRecord(config=config, ms=None, how="dispatch suite"))
     ours, theirs = plan(a, b), plan(a2, b2)
-    if ours.config is None or theirs.config is not None:
+    ours_biased, theirs_biased = plan(a, b, bias=bias), plan(a2, b2, bias=bias)
+    if ours.config is None or theirs.config is not None or ours_biased.config is None:
         raise SystemExit(f"the cached records were not followed: {ours.reason}, {theirs.config}")
+    if theirs_biased.torch_op is None:
+        raise SystemExit(f"the biased cuBLAS bucket is not torch.addmm's: {theirs_biased.reason}")
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
     python_keyed = Dispatcher(chooser, signature=None).gemm  # the key read from Python
     contenders = {
@@ -86,6 +93,10 @@ def main(argv: list[str] | None = None) -> Path:
         "tuned_gemm_off": lambda: tuned_gemm(a, b, mode="off"),
         "tuned_gemm_cublas_python_key": lambda: python_keyed(a2, b2),
         "launcher_direct": lambda: ours.launcher(a, b, out, *ours.args),
+        "torch_addmm": lambda: torch.addmm(bias, a, b),
+        "tuned_gemm_ours_bias": lambda: tuned_gemm(a, b, bias=bias),
+        "torch_addmm_cublas_bucket": lambda: torch.addmm(bias, a2, b2),
+        "tuned_gemm_cublas_bias": lambda: tuned_gemm(a2, b2, bias=bias),
     }
     for fn in contenders.values():
         mean_us(fn, 200)  # warm-up: plans made, caches and the allocator primed
@@ -106,6 +117,9 @@ def main(argv: list[str] | None = None) -> Path:
         ("dispatch_off", "tuned_gemm_off", "torch_mm", "torch.mm"),
         ("dispatch_cublas_python_key", "tuned_gemm_cublas_python_key", "torch_mm_cublas_bucket",
          "torch.mm"),
+        ("dispatch_ours_bias", "tuned_gemm_ours_bias", "torch_addmm", ours_biased.config.key),
+        ("dispatch_cublas_bias", "tuned_gemm_cublas_bias", "torch_addmm_cublas_bucket",
+         "torch.addmm"),
     )  # fmt: skip
     for what, name, torch_name, config in excess:
         rows.append(
@@ -124,7 +138,8 @@ def main(argv: list[str] | None = None) -> Path:
         f"{args.calls} back-to-back calls, {args.loops} rounds of one loop per contender in a "
         "rotating order; us: median of the loops' mean time per call; dispatch_*: median over "
         "rounds of tuned_gemm's loop minus torch.mm's loop of the same round, same tensors "
-        "(dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128; *_python_key: "
+        "(dispatch_cublas: a bucket whose cached record is cuBLAS, 128x256x128; *_bias: with a "
+        "bf16 bias per column, against torch.addmm; *_python_key: "
         f"the plan key read from Python, not by the C extension; extension built: "
         f"{DISPATCHER.signature is not None})"
     )
