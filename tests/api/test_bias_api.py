@@ -180,11 +180,13 @@ def test_where_torch_serves_the_product_torch_addmm_adds_the_bias(dispatcher, fa
     assert dispatcher.chooser.tuner.calls == 0
 
 
-def test_a_bias_that_does_not_broadcast_is_an_error(dispatcher, faked_gpu):
+def test_a_bias_that_does_not_broadcast_or_is_no_tensor_is_an_error(dispatcher, faked_gpu):
     faked_gpu(Arch.SM90)
     a, b = operands()
     with pytest.raises(ValueError, match="does not broadcast"):
         dispatcher(a, b, bias=torch.randn(64, dtype=BF16))  # one per row: not addmm's
+    with pytest.raises(TypeError, match="bias must be a tensor"):
+        dispatcher(a, b, bias=0.5)
     assert dispatcher.plans == {}
 
 

@@ -98,9 +98,15 @@ def bias_plan_key(
     if signature is not None:
         key = signature(a, b, bias) if out is None else signature(a, b, out, bias)
     if key is None:
-        facts = (bias.shape, bias.stride(), bias.dtype, bias.get_device())
-        key = (python_signature(a, b, out), *facts)
+        key = (python_signature(a, b, out), *python_facts(bias))
     return (BIASED, key, out_dtype, mode, constant_b)
+
+
+def python_facts(bias) -> tuple:
+    """The bias's part of a plan key, read from Python; a bias that is not a tensor raises."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias must be a tensor (as torch.addmm's), got {type(bias).__name__}")
+    return (bias.shape, bias.stride(), bias.dtype, bias.get_device())
 
 
 def biased_function(dispatcher) -> Callable[..., torch.Tensor]:
@@ -123,8 +129,7 @@ def biased_function(dispatcher) -> Callable[..., torch.Tensor]:
         if signature is not None:
             key = signature(a, b, bias) if out is None else signature(a, b, out, bias)
         if key is None:
-            facts = (bias.shape, bias.stride(), bias.dtype, bias.get_device())
-            key = (python_signature(a, b, out), *facts)
+            key = (python_signature(a, b, out), *python_facts(bias))
         key = (BIASED, key, out_dtype, mode, constant_b)
         plan = plans.get(key) or new_bias_plan(
             dispatcher, key, a, b, bias, out, out_dtype, mode, constant_b
