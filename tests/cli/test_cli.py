@@ -334,6 +334,7 @@ def test_tune_json(capsys, fake_gpu):
         "out_dtype": "fp32",
         "layout": "nt",
         "out_major": "m",
+        "bias": False,
     }
     assert report["best"] == GemmConfig(tile_n=256, cluster_m=2).key
     assert report["best_ms"] == 0.21 and report["cublas_ms"] == 0.25
@@ -342,6 +343,13 @@ def test_tune_json(capsys, fake_gpu):
     assert [r["ok"] for r in report["results"]] == [True, True, True, False]
     assert report["results"][-1]["error"].startswith("compile: boom")
     assert all(isinstance(r["config"], str) for r in report["results"])
+
+
+def test_tune_with_a_bias_tunes_the_biased_bucket(capsys, fake_gpu):
+    assert main(["tune", "--shape", "16x4096x4096", "--layout", "tt", "--bias"]) == 0
+    ((problem, _),) = fake_gpu
+    assert problem.bias and problem.out_dtype is torch.bfloat16
+    assert "output n-major, plus a bias, on NVIDIA H200" in capsys.readouterr().out
 
 
 def test_tune_a_problem_our_kernels_do_not_serve(capsys, fake_gpu):

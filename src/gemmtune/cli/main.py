@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile and time the ranking model's K best configs (default 8)",
     )
     p.add_argument(
+        "--bias",
+        action="store_true",
+        help="plus a bias per output column, in the output's dtype (tuned_gemm's bias=, a "
+        "linear layer's): its own bucket, timed against torch.addmm",
+    )
+    p.add_argument(
         "--exhaustive", action="store_true", help="time every valid config (slow), not the top K"
     )
     p.add_argument(

@@ -22,6 +22,7 @@ def _problem_facts(problem) -> dict:
         "out_dtype": label(problem.out_dtype),
         "layout": problem.layout,
         "out_major": problem.out_major,
+        "bias": problem.bias,
     }
 
 
@@ -73,7 +74,8 @@ def _format_tune(report: dict) -> str:
     shape = f"{p['m']}x{p['n']}x{p['k']}" + (f"x{p['l']}" if p["l"] is not None else "")
     lines = [
         f"gemmtune tune {shape}: {p['dtype']} -> {p['out_dtype']}, layout {p['layout']}, "
-        f"output {p['out_major']}-major, on {report['gpu']}",
+        f"output {p['out_major']}-major{', plus a bias' if p.get('bias') else ''}, "
+        f"on {report['gpu']}",
         "",
     ]
     rows = []
@@ -143,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             layout=args.layout,
             out_major=args.out_major,
             device="cuda",
+            bias=args.bias,
         )
     except ValueError as exc:
         return fail(f"gemmtune tune: {exc}")
