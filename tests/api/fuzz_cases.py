@@ -1,7 +1,7 @@
 """Random calls of `tuned_gemm` for the fuzz test: a case is plain data (sizes, dtypes, layouts,
-slicing, offsets, `out` and `out_dtype`), drawn from a seed, and `make_tensors` builds its
-operands on any device, so the CPU tests check what the generator covers and the GPU test runs
-the same cases.
+slicing, offsets, `out`, `out_dtype` and a bias), drawn from a seed, and `make_tensors` and
+`make_bias` build its tensors on any device, so the CPU tests check what the generator covers
+and the GPU test runs the same cases.
 
 int8 cases (exact int32 results) and fp8 cases (e4m3, e5m2: tuned_gemm multiplies them with
 unit scales) are drawn beside bf16 and fp16. Sizes mix the ones users meet (tile multiples,
@@ -25,6 +25,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.int8, *FP8)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: what the product of int8 inputs is written as
 INT8_OUT = torch.int32
+#: the biases a case may add (`tuned_gemm(..., bias=)`): one per column in the result's type,
+#: contiguous (the one our kernel adds), the same every other element of a wider buffer, an
+#: (m, n) matrix, and one per column of another type (float32, or bf16 beside a float32 result);
+#: int8 cases draw int32 ones
+BIASES = ("vector", "strided", "matrix", "other")
 
 #: allowed |out - reference| per element: a few roundings of the output type relative to the
 #: element, plus an absolute term for sums rounded on the way. Entries of a product of randn
@@ -68,6 +73,7 @@ class FuzzCase:
     out: Operand | None  # None: tuned_gemm allocates it
     out_dtype: torch.dtype | None  # `out`'s dtype where there is one, else passed as out_dtype=
     seed: int
+    bias: str | None = None  # one of `BIASES`, None: no bias
 
     @property
     def result_dtype(self) -> torch.dtype:
@@ -83,6 +89,8 @@ class FuzzCase:
                 major = "row" if op.row_major else "col"
                 parts.append(f"{name}:{major},pad={op.pad},offset={op.offset}")
         parts.append(f"out_dtype={self.out_dtype}")
+        if self.bias is not None:
+            parts.append(f"bias={self.bias}")
         return " ".join(parts)
 
 
@@ -134,7 +142,12 @@ def draw(seed: int) -> FuzzCase:
         out = _operand(rng, m, n)
         if rng.random() < 0.5:
             out_dtype = rng.choice(out_dtypes)  # the dtype `out` is allocated with
-    return FuzzCase(m, n, k, batch, dtype, a, b, out, out_dtype, seed)
+    bias = None  # drawn last: the cases of earlier seeds keep what they drew before
+    if rng.random() < 0.3:
+        bias = rng.choice(("vector", "vector", *BIASES))
+        if dtype == torch.int8 and bias == "other":
+            bias = "vector"
+    return FuzzCase(m, n, k, batch, dtype, a, b, out, out_dtype, seed, bias)
 
 
 def _tensor(op: Operand, batch: int, dtype, device, fill: str, generator=None) -> torch.Tensor:
@@ -171,6 +184,26 @@ def make_tensors(
     if case.out is not None:
         out = _tensor(case.out, case.batch, case.result_dtype, device, "nan")
     return a, b, out
+
+
+def make_bias(case: FuzzCase, device) -> torch.Tensor | None:
+    """`case`'s bias on `device` (None without one): randn times the square root of k, as large
+    as the product's elements (int32: uniform in +-2^20)."""
+    if case.bias is None:
+        return None
+    dtype = case.result_dtype
+    if case.bias == "other":
+        dtype = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    shape = {"vector": (case.n,), "strided": (2 * case.n,), "matrix": (case.m, case.n),
+             "other": (case.n,)}[case.bias]  # fmt: skip
+    generator = torch.Generator(device=device).manual_seed(case.seed + 1)
+    if dtype == INT8_OUT:
+        bias = torch.randint(-(2**20), 2**20, shape, generator=generator, device=device,
+                             dtype=dtype)  # fmt: skip
+    else:
+        bias = torch.randn(shape, generator=generator, device=device) * math.sqrt(case.k)
+        bias = bias.to(dtype)
+    return bias[::2] if case.bias == "strided" else bias
 
 
 def mismatches(

@@ -3,7 +3,7 @@
 import math
 
 import torch
-from fuzz_cases import FP8, OUT_DTYPES, draw, make_tensors, mismatches
+from fuzz_cases import BIASES, FP8, OUT_DTYPES, draw, make_bias, make_tensors, mismatches
 
 from gemmtune.measure.verify import INTEGER_POISON
 
@@ -26,6 +26,8 @@ def test_a_thousand_draws_cover_every_feature():
         seen.add(("size_1", 1 in (case.m, case.n, case.k)))
         seen.add(("ragged", any(x % 8 for x in (case.m, case.n, case.k))))
         seen.add(("large", max(case.m, case.n, case.k) >= 2000))
+        seen.add(("bias", case.bias))
+        seen.add(("bias_of", case.bias, case.dtype == torch.int8))
         if case.out is None:
             seen.add(("out_dtype", case.out_dtype))
         else:
@@ -39,6 +41,9 @@ def test_a_thousand_draws_cover_every_feature():
         *(("out_of_dtype", d) for d in (None, *OUT_DTYPES)),
         ("out_row_major", True), ("out_row_major", False),
         ("sliced", True), ("offset", True), ("size_1", True), ("ragged", True), ("large", True),
+        *(("bias", kind) for kind in (None, *BIASES)),
+        *(("bias_of", kind, False) for kind in BIASES),
+        *(("bias_of", kind, True) for kind in ("vector", "strided", "matrix")),
     }  # fmt: skip
     assert expected <= seen, expected - seen
 
@@ -59,6 +64,15 @@ def test_tensors_are_the_views_the_case_describes():
             assert out.shape == (*batch, case.m, case.n) and poisoned.all()
             assert out.dtype == case.result_dtype
         assert make_tensors(case, "cpu")[0].equal(a)  # the data is the seed's
+        bias = make_bias(case, "cpu")
+        if case.bias is None:
+            assert bias is None
+            continue
+        expected_shape = (case.m, case.n) if case.bias == "matrix" else (case.n,)
+        assert bias.shape == expected_shape and bias.equal(make_bias(case, "cpu"))
+        assert (bias.dtype == case.result_dtype) == (case.bias != "other")
+        assert (bias.stride() == (2,)) == (case.bias == "strided")
+        torch.broadcast_shapes(bias.shape, out.shape if out is not None else (case.m, case.n))
 
 
 def test_mismatches_counts_a_single_wrong_element_and_nan():

@@ -4,10 +4,11 @@ torch.matmul serves a case, against torch's own answer, to the bit.
 Every case is drawn from a seed (`fuzz_cases.draw`): sizes from 1 to a few thousand, ragged
 and size-1 dimensions, bf16/fp16, int8 (exact) and fp8 (unit scales), all four operand
 layouts, sliced rows, storage offsets, batched 3-D, `out=` row- or column-major and poisoned,
-`out_dtype`. Plans are made by a chooser that gives each problem one of a few binaries
-(data-parallel, stream-K with swapped operands and a direct-store epilogue, split-K on a 2x1
-cluster, a narrow swapped split-K tile of 256-byte stages) at random runtime fields, so the
-cases reach every decomposition without tuning; the binaries are compiled in parallel first.
+`out_dtype`, a bias (one our kernel adds, and others added to the product). Plans are made by
+a chooser that gives each problem one of a few binaries (data-parallel, stream-K with swapped
+operands and a direct-store epilogue, split-K on a 2x1 cluster, a narrow swapped split-K tile
+of 256-byte stages) at random runtime fields, so the cases reach every decomposition without
+tuning; the binaries are compiled in parallel first.
 
 GEMMTUNE_FUZZ_SEED replays a run (its seed is in every failure message), GEMMTUNE_FUZZ_CASES
 sets how many cases are drawn, GEMMTUNE_FUZZ_SECONDS bounds the run.
@@ -22,9 +23,10 @@ from collections import Counter
 
 import pytest
 import torch
-from fuzz_cases import draw, make_tensors, mismatches
+from fuzz_cases import draw, make_bias, make_tensors, mismatches
 
 from gemmtune import workers
+from gemmtune.api.bias import BiasFacts, fuses
 from gemmtune.api.choice import ConfigChooser
 from gemmtune.api.dispatch import Dispatcher
 from gemmtune.cache.kernels import KernelCache
@@ -104,11 +106,16 @@ def _precompile(cases, chooser: FuzzChooser, cache: KernelCache) -> int:
     jobs = set()
     for case in cases:
         a, b, out = make_tensors(case, "cuda", data=False)
-        problem = GemmProblem.from_tensors(a, b, out, None if out is not None else case.out_dtype)
-        if problem.supported:
-            config = chooser.config_for(problem, "heuristic")
+        out_dtype = None if out is not None else case.out_dtype
+        problem = GemmProblem.from_tensors(a, b, out, out_dtype)
+        problems = [problem] if problem.supported else []
+        bias = make_bias(case, "cuda")
+        if problems and bias is not None and fuses(BiasFacts.of(bias), problem):
+            problems.append(GemmProblem.from_tensors(a, b, out, out_dtype, bias=True))
+        for p in problems:
+            config = chooser.config_for(p, "heuristic") if p.supported else None
             if config is not None:
-                jobs.add(CompileJob(config, KernelSignature.of(problem)))
+                jobs.add(CompileJob(config, KernelSignature.of(p)))
     outcomes = compile_all(
         sorted(jobs, key=lambda j: j.name), cache.folder, workers.compile_pool("sm_90a")
     )
@@ -135,24 +142,37 @@ def test_fuzz_tuned_gemm_element_by_element(tmp_path):
         if time.monotonic() - start > budget_s:
             break
         a, b, out = make_tensors(case, "cuda")
+        bias = make_bias(case, "cuda")
         kwargs = _call_arguments(case, out)
+        biased = kwargs if bias is None else {**kwargs, "bias": bias}
         try:
-            got = dispatcher(a, b, **kwargs)
-            plan = dispatcher.plan(a, b, **kwargs)
+            got = dispatcher(a, b, **biased)
+            plan = dispatcher.plan(a, b, **biased)
+            # a bias our kernel does not add is added to tuned_gemm's product, ours or torch's
+            ours = plan.config is not None or (
+                bias is not None
+                and plan.torch_op is None
+                and dispatcher.plan(a, b, **kwargs).config is not None
+            )
         except Exception as exc:  # every failure is reported with its case
             failures.append(f"case {case.seed}: {case.describe()}: raised {exc!r}")
             continue
         drawn[case.dtype] += 1
-        served[case.dtype] += plan.config is not None
+        served[case.dtype] += ours
         reference = reference_product(a, b)
+        if bias is not None:  # int32 stays exact
+            reference = reference + (bias if not reference.is_floating_point() else bias.float())
         if got.shape != reference.shape or got.dtype != case.result_dtype:
             failures.append(f"case {case.seed}: {case.describe()}: {got.shape} {got.dtype}")
         elif out is not None and got.data_ptr() != out.data_ptr():
             failures.append(f"case {case.seed}: {case.describe()}: result is not `out`")
-        elif plan.config is None:
-            # torch.matmul served: the answer must be torch's own, to the bit (cuBLAS may sum
-            # in the output type, which a tolerance meant for our kernels does not allow for)
+        elif not ours:
+            # torch served: the answer must be torch's own, to the bit (cuBLAS may sum in the
+            # output type, which a tolerance meant for our kernels does not allow for)
             expected = fallback_matmul(a, b, None, case.result_dtype)
+            if bias is not None:
+                torch_op = plan.torch_op  # torch.addmm's route, or the bias added to torch's
+                expected = torch_op(a, b, bias) if torch_op else expected.add_(bias)
             if not torch.equal(got, expected):
                 bad = int((got != expected).sum())
                 failures.append(f"case {case.seed}: {case.describe()}: {bad} unlike torch's")
@@ -161,7 +181,7 @@ def test_fuzz_tuned_gemm_element_by_element(tmp_path):
             magnitude = torch.matmul(a.float().abs(), b.float().abs()) if fp8 else None
             bad = mismatches(got, reference, case.k, fp8=fp8, magnitude=magnitude)
             if bad:
-                config = plan.config.key
+                config = plan.config.key if plan.config is not None else "bias added after"
                 failures.append(f"case {case.seed}: {case.describe()}: {bad} wrong ({config})")
     torch.cuda.synchronize()
     done = sum(drawn.values())
