@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
-from gemmtune.core.problem import FP8_DTYPES, GemmProblem
+from gemmtune.core.problem import GemmProblem
 from gemmtune.core.settings import MODE_ENV
 
 #: what sets biased plans' keys apart from unbiased ones of the same tensors
@@ -180,8 +180,7 @@ def new_bias_plan(
         )
         torch_serves = False
     else:
-        scaling = "tensor" if a.dtype in FP8_DTYPES else None
-        fused = GemmProblem.from_tensors(a, b, out, out_dtype, scaling=scaling, bias=True)
+        fused = GemmProblem.from_tensors(a, b, out, out_dtype, bias=True)  # fp8: unit scales
         if fused.supported:
             scales = unit_scales(a.device) if fused.scaling else ()
             plan = dispatcher._kernel_plan(fused, resolved, scales, constant_b)
