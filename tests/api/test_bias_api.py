@@ -2,11 +2,9 @@
 or added after our product), the plan key, where the launch puts the bias, gradients, and
 wrong calls. GPUs are faked (`_on_a_faked_gpu`); tensors stay on the CPU."""
 
-import dataclasses
-
 import pytest
 import torch
-from test_api import H200, TUNED, FakeTuner, _on_a_faked_gpu
+from test_api import H200, TUNED, FakeTuner, RecordingKernels, _on_a_faked_gpu
 
 from gemmtune.api import bias as bias_module
 from gemmtune.api.bias import BiasFacts, bias_plan_key, check_bias, fuses, torch_adds
@@ -44,17 +42,6 @@ def faked_gpu(monkeypatch):
         )
 
     return on
-
-
-class RecordingKernels:
-    """A kernel cache that records the signatures it is asked for and launches nothing."""
-
-    def __init__(self):
-        self.signatures = []
-
-    def get(self, config, signature):
-        self.signatures.append(signature)
-        return dataclasses.make_dataclass("Kernel", ["launcher"])(launcher=lambda *args: None)
 
 
 def operands(m=64, k=32, n=48, dtype=BF16):
