@@ -49,9 +49,20 @@ def test_a_problem_with_a_bias_runs_on_the_hopper_kernel_only():
 def test_the_bias_buffer_runs_along_the_output_columns_one_per_consumer_group():
     biased = KernelSignature("bf16", "bf16", "k", "k", "n", bias=True)
     coop = GemmConfig(tile_m=128, tile_n=192)
-    pingpong = GemmConfig(tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True)
+    pingpong = GemmConfig(
+        tile_m=64, tile_n=16, schedule="pingpong", swap_ab=True,
+        decomposition=Decomposition.SPLIT_K, splits=2,
+    )  # fmt: skip
     assert rules.vector_buffer_bytes(coop, biased) == 192 * 4
-    assert rules.vector_buffer_bytes(pingpong, biased) == 2 * 64 * 4  # swapped: the tile's rows
+    # swapped: the tile's rows, in a buffer for split-K's shares; tiles summed whole hold
+    # their rows' terms in registers
+    assert rules.vector_buffer_bytes(pingpong, biased) == 2 * 64 * 4
+    for decomposition in (Decomposition.DATA_PARALLEL, Decomposition.STREAM_K):
+        whole = dataclasses.replace(pingpong, decomposition=decomposition, splits=1)
+        assert rules.row_bias_in_registers(whole, biased)
+        assert rules.vector_buffer_bytes(whole, biased) == 0
+    assert not rules.row_bias_in_registers(pingpong, biased)
+    assert not rules.row_bias_in_registers(dataclasses.replace(coop, swap_ab=False), biased)
     row = dataclasses.replace(biased, ab_dtype="e4m3", scaling="row")
     assert rules.vector_buffer_bytes(coop, row) == (128 + 192 + 192) * 4
     plain = dataclasses.replace(biased, bias=False)
@@ -66,12 +77,18 @@ def test_the_bias_buffer_runs_along_the_output_columns_one_per_consumer_group():
 def test_the_rules_refuse_the_binaries_that_spill_beside_a_bias():
     biased = KernelSignature("bf16", "bf16", "k", "k", "n", bias=True)
     plain = dataclasses.replace(biased, bias=False)
-    swapped_wide = GemmConfig(tile_m=128, tile_n=176, schedule="pingpong", swap_ab=True)
-    assert rules.signature_reason(swapped_wide, biased) and not rules.signature_reason(
-        swapped_wide, plain
+    # swapped tiles summed whole hold their rows' terms in registers: none spills with a TMA
+    # store but 192-row stream-K tiles from 88 accumulators
+    for tile_m, tile_n, schedule in ((128, 208, "pingpong"), (256, 208, "cooperative")):
+        wide = GemmConfig(tile_m=tile_m, tile_n=tile_n, schedule=schedule, swap_ab=True)
+        assert not rules.signature_reason(wide, biased)
+    three_stream_k = GemmConfig(
+        tile_m=192, tile_n=176, swap_ab=True, decomposition=Decomposition.STREAM_K
     )
-    assert not rules.signature_reason(dataclasses.replace(swapped_wide, tile_n=168), biased)
-    assert not rules.signature_reason(dataclasses.replace(swapped_wide, swap_ab=False), biased)
+    assert rules.signature_reason(three_stream_k, biased)
+    assert not rules.signature_reason(three_stream_k, plain)
+    assert not rules.signature_reason(dataclasses.replace(three_stream_k, tile_n=160), biased)
+    assert not rules.signature_reason(dataclasses.replace(three_stream_k, swap_ab=False), biased)
     split_thread_stores = GemmConfig(
         tile_m=128, tile_n=256, tma_store=False, decomposition=Decomposition.SPLIT_K, splits=2
     )
@@ -82,11 +99,20 @@ def test_the_rules_refuse_the_binaries_that_spill_beside_a_bias():
     assert rules.signature_reason(three_groups, biased)
     assert not rules.signature_reason(dataclasses.replace(three_groups, tma_store=True), biased)
     assert not rules.signature_reason(three_groups, plain)
-    # beside per-row fp8 scales, from 128 swapped and 160 not
+    # beside per-row fp8 scales, from 176 swapped with the rows' terms in registers (104 with
+    # thread stores), 128 swapped split-K, 160 not swapped
     row = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="row", bias=True)
     pingpong = GemmConfig(tile_m=128, tile_n=128, schedule="pingpong")
     assert not rules.signature_reason(pingpong, row)
-    assert rules.signature_reason(dataclasses.replace(pingpong, swap_ab=True), row)
+    swapped = dataclasses.replace(pingpong, swap_ab=True)
+    assert not rules.signature_reason(dataclasses.replace(swapped, tile_n=168), row)
+    assert rules.signature_reason(dataclasses.replace(swapped, tile_n=176), row)
+    assert rules.signature_reason(dataclasses.replace(swapped, tma_store=False), row)  # 128
+    narrow = dataclasses.replace(swapped, tile_m=64, tile_n=192, tma_store=False)  # 96
+    assert not rules.signature_reason(narrow, row)
+    split = dataclasses.replace(swapped, decomposition=Decomposition.SPLIT_K, splits=2)
+    assert rules.signature_reason(split, row)
+    assert not rules.signature_reason(dataclasses.replace(split, tile_n=112), row)
     assert rules.signature_reason(dataclasses.replace(pingpong, tile_n=160), row)
     assert not rules.signature_reason(
         dataclasses.replace(pingpong, tile_n=160), dataclasses.replace(row, bias=False)

@@ -35,6 +35,8 @@ sm90_64x16_c1x1_swap_pp_tma_k256_sk2   |   3x6144x4112  | bf16 bf16 bf16 | n |
 sm90_128x256_c2x1_coop_tma_streamk     | 1024x4352x4096 | bf16 bf16 bf16 | n |
 sm90_128x64_c1x1_swap_pp_st_streamk    |   33x1000x3008 | fp16 fp16 fp16 | n |
 sm90_256x208_c1x2_coop_tma_dp          | 2999x2000x1024 | bf16 bf16 bf16 | n |
+sm90_256x208_c1x1_swap_coop_tma_dp     | 1001x1528x2064 | bf16 bf16 bf16 | n |
+sm90_128x168_c1x1_swap_pp_tma_dp       | 1001x1528x2064 | e4m3 e4m3 bf16 | n | row
 sm90_128x160_c4x1_pp_tma_dp            | 1024x4352x4096 | e4m3 e4m3 bf16 | n | tensor
 sm90_128x144_c2x1_pp_tma_sk2           | 1001x1528x2064 | e4m3 e5m2 bf16 | n | row
 sm90_128x144_c2x1_coop_tma_dp          | 1001x4352x4112 | e4m3 e4m3 bf16 | n | tensor promoted

@@ -332,9 +332,10 @@ def test_constant_b_binaries_compile_without_spills(pool):
 
 @needs_nvdisasm
 def test_bias_binaries_below_their_register_limits_compile_without_spills(pool):
-    """A bias (`kernels/bias.py`) along the tile's columns or, swapped, its rows, in every
-    decomposition, 16-bit and fp8 (per tensor, per row, promoted), each tile just below the
-    limit `rules.bias_register_limit` or `rules.thread_store_register_limit` sets."""
+    """A bias (`kernels/bias.py`) along the tile's columns or, swapped, its rows (in registers,
+    or a shared buffer for split-K), in every decomposition, 16-bit and fp8 (per tensor, per
+    row, promoted), each tile at the largest or just below the limit
+    `rules.bias_register_limit` or `rules.thread_store_register_limit` sets."""
     bf16 = KernelSignature("bf16", "bf16", "k", "k", "n", bias=True)
     fp16_m = KernelSignature("fp16", "fp32", "k", "k", "m", bias=True)
     tensor = KernelSignature("e4m3", "bf16", "k", "k", "n", scaling="tensor", bias=True)
@@ -342,7 +343,10 @@ def test_bias_binaries_below_their_register_limits_compile_without_spills(pool):
     promoted = dataclasses.replace(tensor, promoted=True)
     split_k, stream_k = Decomposition.SPLIT_K, Decomposition.STREAM_K
     cases = [
-        (GemmConfig(tile_m=128, tile_n=168, schedule="pingpong", swap_ab=True), bf16),
+        (GemmConfig(tile_m=256, tile_n=208, swap_ab=True), bf16),
+        (GemmConfig(tile_m=128, tile_n=208, schedule="pingpong", swap_ab=True,
+                    decomposition=stream_k), tensor),
+        (GemmConfig(tile_m=192, tile_n=160, swap_ab=True, decomposition=stream_k), bf16),
         (GemmConfig(tile_m=256, tile_n=208, cluster_n=2), bf16),
         (GemmConfig(tile_m=128, tile_n=256, decomposition=stream_k), bf16),
         (GemmConfig(tile_m=128, tile_n=176, tma_store=False, decomposition=split_k, splits=2),
@@ -354,7 +358,11 @@ def test_bias_binaries_below_their_register_limits_compile_without_spills(pool):
         (GemmConfig(tile_m=128, tile_n=160, cluster_m=4, schedule="pingpong"), tensor),
         (GemmConfig(tile_m=128, tile_n=144, schedule="pingpong", decomposition=split_k,
                     splits=2), row),
-        (GemmConfig(tile_m=128, tile_n=112, schedule="pingpong", swap_ab=True), row),
+        (GemmConfig(tile_m=128, tile_n=168, schedule="pingpong", swap_ab=True), row),
+        (GemmConfig(tile_m=64, tile_n=192, schedule="pingpong", swap_ab=True, tma_store=False,
+                    decomposition=stream_k), row),
+        (GemmConfig(tile_m=128, tile_n=112, schedule="pingpong", swap_ab=True,
+                    decomposition=split_k, splits=2), row),
         (GemmConfig(tile_m=128, tile_n=144, cluster_m=2), promoted),
         (GemmConfig(tile_m=64, tile_n=16, cluster_m=4, swap_ab=True, schedule="pingpong",
                     stage_k_bytes=256), promoted),

@@ -2,20 +2,24 @@
 
 The bias has one element per column of the output (`torch.addmm`, a linear layer,
 `torch._scaled_mm(..., bias=)`), in the output's type. A swapped binary computes out^T, so
-there it is one element per row of the kernel's tile (`along_m`).
+there it is one element per row of the kernel's tile.
 
 It is added once per output tile, to the finished sums: where a tile is computed whole
 (data-parallel) or gathered by its owner (stream-K), to the accumulators before the epilogue
-(`add_bias`); where split-K segments each write a share of the tile, to each share's sums
-(`reduction.reduce_share`). Partial sums never carry it, and an fp8 product's scales, which
-apply to the partials, never multiply it.
+(`add_bias`, `add_row_bias`); where split-K segments each write a share of the tile, to each
+share's sums (`reduction.reduce_share`). Partial sums never carry it, and an fp8 product's
+scales, which apply to the partials, never multiply it.
 
-A tile's slice of the bias goes through shared memory, as fp32: each thread of the tile's
-group loads its elements into registers as the tile's mainloop starts (`load_tile_bias`), so
-the loads are over by the time the sums are; after the mainloop it writes them to the group's
-buffer (`stage_tile_bias`), where every thread reads the elements of its own columns (or rows).
-Read from global memory after the mainloop, they would be loads in flight beside the
-accumulators, one per column a thread holds, on the path from the last MMA to the epilogue.
+Along the tile's columns a slice of the bias goes through shared memory, as fp32: each thread
+of the tile's group loads its elements into registers as the tile's mainloop starts
+(`load_tile_bias`), so the loads are over by the time the sums are; after the mainloop it writes
+them to the group's buffer (`stage_tile_bias`), where every thread reads the elements of its
+own columns (or, for a split-K share, of the values the reduction gives it). Read from global
+memory after the mainloop, they would be loads in flight beside the accumulators, one per
+column a thread holds, on the path from the last MMA to the epilogue. Along the tile's rows (a
+swapped binary summing whole tiles) a thread's accumulators span 2-4 rows: it loads their
+terms into registers before the mainloop (`load_row_bias`), and no buffer is used
+(`rules.row_bias_in_registers`).
 Imports the DSL: kernel-side only.
 """
 
@@ -72,36 +76,60 @@ def stage_tile_bias(
 
 
 @cute.jit
-def add_bias(
-    accumulators: cute.Tensor,
-    tile_coords: cute.Tensor,
-    buffer: cute.Tensor,
-    along_m: cutlass.Constexpr,
-):
-    """Add the tile's bias (in the shared `buffer`, `stage_tile_bias`) to one thread's fp32
-    accumulators; `tile_coords` are the thread's (m, n) coordinates of them within the tile.
+def add_bias(accumulators: cute.Tensor, tile_coords: cute.Tensor, buffer: cute.Tensor):
+    """Add the tile's bias along its columns (in the shared `buffer`, `stage_tile_bias`) to one
+    thread's fp32 accumulators; `tile_coords` are the thread's (m, n) coordinates of them
+    within the tile.
 
     A WGMMA accumulator fragment is ((2, 2, V), MMA_M, MMA_N): of the first mode's sub-modes
     the first steps a column, the second eight rows, the third eight columns. So a thread's
-    rows are indexed by (mode 0.1, mode 1) and its columns by (mode 0.0, mode 0.2, mode 2), and
-    each element of the bias is read once."""
+    columns are indexed by (mode 0.0, mode 0.2, mode 2), and each element of the bias is read
+    once."""
     values, mma_m, mma_n = accumulators.shape
     pairs, rows_per_atom, column_groups = values
-    if cutlass.const_expr(along_m):
-        for mi in cutlass.range_constexpr(mma_m):
-            for r in cutlass.range_constexpr(rows_per_atom):
-                term = buffer[tile_coords[((0, r, 0), mi, 0)][0]]
-                for ni in cutlass.range_constexpr(mma_n):
-                    for v in cutlass.range_constexpr(column_groups):
-                        for c in cutlass.range_constexpr(pairs):
-                            i = ((c, r, v), mi, ni)
-                            accumulators[i] = accumulators[i] + term
-    else:
-        for ni in cutlass.range_constexpr(mma_n):
-            for v in cutlass.range_constexpr(column_groups):
-                for c in cutlass.range_constexpr(pairs):
-                    term = buffer[tile_coords[((c, 0, v), 0, ni)][1]]
-                    for mi in cutlass.range_constexpr(mma_m):
-                        for r in cutlass.range_constexpr(rows_per_atom):
-                            i = ((c, r, v), mi, ni)
-                            accumulators[i] = accumulators[i] + term
+    for ni in cutlass.range_constexpr(mma_n):
+        for v in cutlass.range_constexpr(column_groups):
+            for c in cutlass.range_constexpr(pairs):
+                term = buffer[tile_coords[((c, 0, v), 0, ni)][1]]
+                for mi in cutlass.range_constexpr(mma_m):
+                    for r in cutlass.range_constexpr(rows_per_atom):
+                        i = ((c, r, v), mi, ni)
+                        accumulators[i] = accumulators[i] + term
+
+
+@cute.jit
+def load_row_bias(
+    bias: cute.Tensor,
+    tile_coords: cute.Tensor,
+    origin: cutlass.Int32,
+    extent: cutlass.Int32,
+    fragment_shape: cutlass.Constexpr,
+) -> cute.Tensor:
+    """The bias of this thread's own accumulator rows (a swapped binary's bias runs along M:
+    the rows of `fragment_shape`, `add_bias`'s (mode 0.1, mode 1)), as fp32 registers indexed
+    (row of the atom, MMA_M); 0 past `extent`, whose sums are never stored. Loaded before the
+    mainloop; nothing waits for them until `add_row_bias`."""
+    values, mma_m, _ = fragment_shape
+    _, rows_per_atom, _ = values
+    terms = cute.make_rmem_tensor((rows_per_atom, mma_m), cutlass.Float32)
+    for mi in cutlass.range_constexpr(mma_m):
+        for r in cutlass.range_constexpr(rows_per_atom):
+            row = origin + tile_coords[((0, r, 0), mi, 0)][0]
+            terms[r, mi] = cutlass.Float32(0.0)
+            if row < extent:
+                terms[r, mi] = bias[row].to(cutlass.Float32)
+    return terms
+
+
+@cute.jit
+def add_row_bias(accumulators: cute.Tensor, terms: cute.Tensor):
+    """Add `load_row_bias`'s terms to one thread's fp32 accumulators, each to its row."""
+    values, mma_m, mma_n = accumulators.shape
+    pairs, rows_per_atom, column_groups = values
+    for mi in cutlass.range_constexpr(mma_m):
+        for r in cutlass.range_constexpr(rows_per_atom):
+            for ni in cutlass.range_constexpr(mma_n):
+                for v in cutlass.range_constexpr(column_groups):
+                    for c in cutlass.range_constexpr(pairs):
+                        i = ((c, r, v), mi, ni)
+                        accumulators[i] = accumulators[i] + terms[r, mi]

@@ -19,7 +19,13 @@ from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
 from gemmtune.kernels import scheduler as sched
-from gemmtune.kernels.bias import add_bias, load_tile_bias, stage_tile_bias
+from gemmtune.kernels.bias import (
+    add_bias,
+    add_row_bias,
+    load_row_bias,
+    load_tile_bias,
+    stage_tile_bias,
+)
 from gemmtune.kernels.reduction import (
     SharedTile,
     gather_partials,
@@ -160,13 +166,15 @@ def consume(
     bias_coords = None
     bias_length = tile_m if gemm.bias_along_m else tile_n
     bias_extent = mC.shape[0] if gemm.bias_along_m else mC.shape[1]
+    stages_bias = gemm.adds_bias and not gemm.row_bias_in_registers
     if cutlass.const_expr(gemm.adds_bias):
+        bias_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
+    if cutlass.const_expr(stages_bias):
         groups = 1 if gemm.cooperative else gemm.consumers
         bias_buffers = smem.allocate_tensor(
             cutlass.Float32, cute.make_layout((bias_length, groups)), 16
         )
         bias_buffer = bias_buffers[(None, 0 if gemm.cooperative else consumer)]
-        bias_coords = thr_mma.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
 
     tensor_factor = cutlass.Float32(1.0)
     if cutlass.const_expr(gemm.applies_scales and not gemm.per_row):
@@ -204,10 +212,14 @@ def consume(
             bias_origin = tile_n_idx * tile_n
             if cutlass.const_expr(gemm.bias_along_m):
                 bias_origin = tile_m_idx * tile_m
-            if cutlass.const_expr(gemm.adds_bias):
-                # loads in flight through the mainloop, waited for after it
+            # loads in flight through the mainloop, waited for after it
+            if cutlass.const_expr(stages_bias):
                 pending_bias = load_tile_bias(
                     bias, bias_origin, bias_extent, bias_length, thread_in_group, group_threads
+                )
+            if cutlass.const_expr(gemm.row_bias_in_registers):
+                row_terms = load_row_bias(
+                    bias, bias_coords, bias_origin, bias_extent, accumulators.shape
                 )
             if cutlass.const_expr(not gemm.cooperative):
                 cute.arch.barrier(barrier_id=MMA_ORDER_BARRIER + consumer, number_of_threads=2 * wg)
@@ -269,7 +281,7 @@ def consume(
                     tile_m,
                     gemm.per_row,
                 )
-            if cutlass.const_expr(gemm.adds_bias):
+            if cutlass.const_expr(stages_bias):
                 stage_tile_bias(
                     bias_buffer,
                     pending_bias,
@@ -319,8 +331,10 @@ def consume(
                         if final:
                             gather_partials(accumulators, shared)
             if final:
-                if cutlass.const_expr(gemm.adds_bias):
-                    add_bias(accumulators, bias_coords, bias_buffer, gemm.bias_along_m)
+                if cutlass.const_expr(gemm.row_bias_in_registers):
+                    add_row_bias(accumulators, row_terms)
+                elif cutlass.const_expr(gemm.adds_bias):
+                    add_bias(accumulators, bias_coords, bias_buffer)
                 ring_start = 0
                 if cutlass.const_expr(gemm.cooperative):
                     ring_start = tiles_stored * epilogue.subtiles((tile_m, tile_n))

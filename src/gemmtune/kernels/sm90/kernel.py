@@ -82,6 +82,7 @@ class HopperGemm:
         self.adds_bias = signature.bias
         # the bias runs along the output's columns: a swapped binary's rows
         self.bias_along_m = config.swap_ab
+        self.row_bias_in_registers = rules.row_bias_in_registers(config, signature)
         self.promoted = signature.promoted
         self.out_dtype = DSL_DTYPES[signature.out_dtype]
         self.acc_dtype = accumulator_dtype(signature)

@@ -197,16 +197,28 @@ def epi_tile(config: GemmConfig) -> tuple[int, int]:
     return mma_tile_m(config), 8
 
 
+def row_bias_in_registers(config: GemmConfig, signature: KernelSignature) -> bool:
+    """Whether each thread holds the bias of its own accumulator rows in registers rather than
+    reading a shared buffer: a swapped binary (the bias runs along the tile's rows, 2-4 values
+    per thread) whose tiles are summed whole (data-parallel, stream-K through an owner). A
+    shared-memory read of the row's term before the epilogue made ptxas spill every packed
+    output pair of swapped tiles from 176 accumulators (`bias_register_limit`); split-K
+    shares, whose values the reduction spreads over other threads, read the buffer."""
+    return (
+        signature.bias and config.swap_ab and config.decomposition is not Decomposition.SPLIT_K
+    )
+
+
 def vector_buffer_bytes(config: GemmConfig, signature: KernelSignature) -> int:
     """Shared memory for the vectors of a tile copied there while its mainloop runs, one
     buffer per consumer group (two for ping-pong, whose warpgroups hold tiles of their own):
     per-row fp8 scales (`kernels/scaling.py`, the tile's row and column scales) and a bias
     (`kernels/bias.py`, the tile's side along the output's columns: its rows in a swapped
-    binary), all fp32."""
+    binary, unless held in registers: `row_bias_in_registers`), all fp32."""
     length = 0
     if signature.scaling == "row":
         length += config.tile_m + config.tile_n
-    if signature.bias:
+    if signature.bias and not row_bias_in_registers(config, signature):
         length += config.tile_m if config.swap_ab else config.tile_n
     groups = 1 if config.schedule is Schedule.COOPERATIVE else 2
     return groups * length * 4
@@ -368,25 +380,36 @@ def bias_register_limit(config: GemmConfig, signature: KernelSignature) -> int |
     """Accumulator registers per thread from which a binary with a bias spills, or None where
     it does not. Compiled on the CPU, every tile of 64 accumulators or more in every
     decomposition, swapped or not, bf16 and fp8 per tensor, per row and promoted:
-    - swapped (the bias along the tile's rows) from 176 (bf16: 4 local-memory operations at
-      128x176 ping-pong, 48-89 from 192);
-    - beside per-row fp8 scales from 160 (14-21 at 128x160 ping-pong split by K, 256x176
-      cooperative stream-K, 128x192 and 256x200), with thread stores from 96 (2 at 128x208
-      stream-K and 128x224), swapped from 128 (12-94), swapped with thread stores from 64 (2-6
-      from 72);
+    - swapped tiles summed whole hold their rows' terms in registers
+      (`row_bias_in_registers`): with a TMA store none spill but 192-row stream-K tiles, from
+      88 (4 local-memory operations at 192x176); with thread stores the limits below. (Read
+      from a shared buffer instead, the terms made swapped tiles spill from 176: 4 at 128x176
+      ping-pong, 48-89 from 192.)
+    - beside per-row fp8 scales: swapped with the terms in registers from 176 (10-209), with
+      thread stores from 104 (2 at 64x208 ping-pong stream-K, 13-214 from 144); swapped split-K
+      from 128, with thread stores from 64; not swapped from 160 (14-21 at 128x160 ping-pong
+      split by K, 256x176 cooperative stream-K, 128x192 and 256x200), with thread stores from
+      96 (2 at 128x208 stream-K and 128x224);
     - with thread stores, 192-row tiles from 64 (4-24: 192x128 cooperative split by K, 88-96
       data-parallel), other split-K tiles from 96 (8-12: 128x192 and 128x208 cooperative,
       64x224 ping-pong), the rest from 144 (6-127: 128x144 ping-pong, 256x160-256x208)."""
     if not signature.bias:
         return None
     limits = []
+    in_registers = row_bias_in_registers(config, signature)
     if signature.scaling == "row":
-        if config.swap_ab:
+        if in_registers:
+            limits.append(176 if config.tma_store else 104)
+        elif config.swap_ab:
             limits.append(128 if config.tma_store else 64)
         else:
             limits.append(160 if config.tma_store else 96)
-    elif config.swap_ab:
-        limits.append(176)
+    elif (
+        in_registers
+        and consumer_warpgroups(config) == 3
+        and config.decomposition is Decomposition.STREAM_K
+    ):
+        limits.append(88)
     if not config.tma_store:
         if consumer_warpgroups(config) == 3:
             limits.append(64)
