@@ -184,3 +184,45 @@ def test_tuned_linear_adds_its_bias_in_our_kernel(monkeypatch):
     assert ok, f"rel err {err}"
     rows = x.reshape(-1, 1024)
     assert dispatch.plan(rows, layer.weight.t(), bias=layer.bias).launcher is not None
+
+
+def test_a_pretuned_biased_layer_is_the_bucket_its_calls_meet(d, monkeypatch):
+    import gemmtune
+    from gemmtune.core.config import CUBLAS
+    from gemmtune.core.problem import GemmProblem
+
+    monkeypatch.setattr(dispatch, "DISPATCHER", d)  # what pretune tunes into
+    layer = torch.nn.Linear(4096, 1024, device="cuda", dtype=BF16)
+    outcome = gemmtune.pretune(layer, batch_sizes=[16], progress=False)
+    assert outcome.tuned == 1
+    ((key, record),) = d.chooser.results_cache().items()
+    assert "_bias|" in key
+    x = torch.randn(16, 4096, device="cuda", dtype=BF16)
+    w, bias = layer.weight.detach(), layer.bias.detach()
+    assert d.chooser.bucket_key(GemmProblem.from_tensors(x, w.t(), bias=True)) == key
+    out = d(x, w.t(), bias=bias, mode="cache-only")
+    assert_biased(out, x, w.t(), bias)
+    plan = d.plan(x, w.t(), bias=bias, mode="cache-only")
+    assert (plan.config.key if plan.config else CUBLAS) == record.config
+    assert d.chooser.results_cache().items() == [(key, record)]
+
+
+def test_the_cli_tunes_a_biased_bucket(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    command = ["tune", "--shape", "16x1024x4096", "--layout", "tt", "--bias", "--top-k", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gemmtune", *command, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        env={**os.environ, "GEMMTUNE_CACHE_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout)
+    assert report["problem"]["bias"] and report["timed"] >= 2
+    keys = [key for key, _ in ResultsCache(tmp_path / "results.sqlite").items()]
+    assert len(keys) == 1 and "_bias|" in keys[0]
