@@ -149,9 +149,7 @@ class GemmShape:
 def linear_gemms(shapes: Iterable[LinearShape], batch_sizes: Sequence[int]) -> list[GemmShape]:
     """One GEMM per (layer shape, batch size): (batch x k) @ (k x n) as `x @ w.t()` makes it,
     with the layer's bias."""
-    return [
-        GemmShape(m, s.n, s.k, dtype=s.dtype, bias=s.bias) for s in shapes for m in batch_sizes
-    ]
+    return [GemmShape(m, s.n, s.k, dtype=s.dtype, bias=s.bias) for s in shapes for m in batch_sizes]
 
 
 @dataclass(frozen=True)

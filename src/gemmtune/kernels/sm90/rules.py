@@ -204,9 +204,7 @@ def row_bias_in_registers(config: GemmConfig, signature: KernelSignature) -> boo
     shared-memory read of the row's term before the epilogue made ptxas spill every packed
     output pair of swapped tiles from 176 accumulators (`bias_register_limit`); split-K
     shares, whose values the reduction spreads over other threads, read the buffer."""
-    return (
-        signature.bias and config.swap_ab and config.decomposition is not Decomposition.SPLIT_K
-    )
+    return signature.bias and config.swap_ab and config.decomposition is not Decomposition.SPLIT_K
 
 
 def vector_buffer_bytes(config: GemmConfig, signature: KernelSignature) -> int:
