@@ -76,7 +76,10 @@ def describe(row: dict) -> str:
         return f"{head}: {row['error']}"
     wrong = "" if row.get("correct", True) else "  WRONG RESULT"
     bandwidth = f"  {row['bw_fraction']:.2f} of bw" if "bw_fraction" in row else ""
-    ratio = f"ratio {row['ratio']:.3f}{bandwidth}"
+    if "ratio" in row:
+        ratio = f"ratio {row['ratio']:.3f}{bandwidth}"
+    else:  # torch refused the call (`torch_error`): ours alone
+        ratio = f"{row['ours_ms'] * 1e3:.1f} µs{bandwidth}, torch refuses it"
     return f"{head} {row.get('layout', '')}: {ratio}  {row['config']}{wrong}"
 
 

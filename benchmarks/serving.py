@@ -49,8 +49,9 @@ def selected(only: str) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> list[str]:
-    """Per contender, dtype and layout: the geometric mean ratio, the worst shape, and the
-    least bandwidth fraction of the memory-bound rows (M <= 64)."""
+    """Per contender, dtype and layout: the geometric mean ratio, the worst shape, the least
+    bandwidth fraction of the memory-bound rows (M <= 64), and how many rows torch refused
+    (timed ours alone: `torch_error`)."""
     lines = []
     groups = sorted({(r["contender"], r.get("dtype"), r.get("layout") or "") for r in rows})
     for contender, dtype, layout in groups:
@@ -72,6 +73,13 @@ def summary(rows: list[dict]) -> list[str]:
         )
         if least is not None:
             line += f"; memory-bound rows: least {least['bw_fraction']:.2f} of bandwidth"
+        refused = sum(
+            (r["contender"], r.get("dtype"), r.get("layout") or "") == (contender, dtype, layout)
+            and "torch_error" in r
+            for r in rows
+        )
+        if refused:
+            line += f"; {refused} rows torch refuses, ours timed alone"
         lines.append(line)
     return lines
 

@@ -1,6 +1,7 @@
 """fp8 on the GPU: `gemmtune.scaled_mm` and its op against torch._scaled_mm (fast accumulation)
 and the dequantized float32 product, our kernel serving where it can (the plan says so),
-torch's errors where torch._scaled_mm refuses, fp8 through tuned_gemm with unit scales, and a
+torch's errors where torch._scaled_mm refuses a wrong call, our kernel where cuBLASLt declines
+a valid one, fp8 through tuned_gemm with unit scales, and a
 compiled function whose _scaled_mm runs through the op."""
 
 import pytest
@@ -76,6 +77,40 @@ def test_scaled_mm_fails_where_torch_scaled_mm_does():
         with pytest.raises(RuntimeError) as ours:
             gemmtune.scaled_mm(*args, out_dtype=torch.bfloat16, use_fast_accum=True)
         assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and arch_of(0) is not Arch.SM90,
+    reason="the Hopper kernel alone adds a bias",
+)
+def test_a_call_cublaslt_declines_is_served_by_our_kernel(monkeypatch):
+    """torch._scaled_mm with per-row scales and a bias on the 8B down projection at 16 rows:
+    torch checks the call, cuBLASLt finds no algorithm (CUBLAS_STATUS_NOT_SUPPORTED on an
+    H200 with torch 2.11); our kernel answers it from the first call."""
+    import gemmtune
+    from gemmtune.core.problem import declined_by_cublas
+
+    monkeypatch.setenv("GEMMTUNE_MODE", "heuristic")
+    m, n, k = 16, 4096, 14336
+    a, w = fp8(m, k), fp8(n, k)
+    sa, sb = scales(m, n, "row")
+    bias = (torch.randn(n, device="cuda") * k**0.5).to(torch.bfloat16)
+    options = {"out_dtype": torch.bfloat16, "use_fast_accum": True, "bias": bias}
+    try:
+        torch._scaled_mm(a, w.t(), sa, sb, **options)
+    except RuntimeError as error:
+        assert declined_by_cublas(error), error
+    else:
+        pytest.skip("this torch and cuBLASLt take the call")
+    reference = scaled_reference(a, w.t(), sa, sb) + bias.float()
+    for _ in range(2):
+        got = gemmtune.scaled_mm(a, w.t(), sa, sb, **options)
+        err = relative_error(got, reference)
+        assert got.shape == (m, n) and err <= tolerance(torch.bfloat16, E4M3), err
+    plan = gemmtune.api.dispatch.DISPATCHER.scaled_plan(
+        a, w.t(), sa, sb, torch.bfloat16, True, False, bias
+    )
+    assert plan is not None and plan.config is not None
 
 
 def test_calls_ours_does_not_serve_are_torch_scaled_mm():

@@ -322,3 +322,17 @@ def test_suite_runs_with_a_bias_name_their_files_and_inputs_so():
     assert "bias" in input_kind(["e4m3"], bias=True)
     assert "torch.addmm" in input_kind(["bf16"], bias=True)
     assert "bias" not in input_kind(["e4m3"]) and "bias" not in input_kind(["bf16"])
+
+
+def test_rows_torch_refuses_keep_our_time_and_stay_out_of_the_ratios():
+    from benchmarks import public, serving
+
+    timed = {"contender": "kernels", "dtype": "e4m3", "layout": "tt", "m": 8, "config": "x"}
+    rows = [
+        {**timed, "shape": "l8b_down_m8", "ratio": 1.2, "bw_fraction": 0.8},
+        {**timed, "shape": "l8b_down_m16", "ours_ms": 0.0339, "bw_fraction": 0.81,
+         "torch_error": "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED"},
+    ]  # fmt: skip
+    assert "33.9 µs  0.81 of bw, torch refuses it" in public.describe(rows[1])
+    (line,) = serving.summary(rows)
+    assert "geometric mean 1.200 over 1" in line and "1 rows torch refuses" in line

@@ -38,6 +38,7 @@ from gemmtune.core.problem import (
     FP8_OUTPUT_DTYPES,
     FallbackReason,
     GemmProblem,
+    declined_by_cublas,
     fallback_matmul,
     integer_matmul,
 )
@@ -460,12 +461,18 @@ class Dispatcher:
         plan = self.plans.get(key)
         options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
         if plan is None:
-            result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
-            if not capturing(a):  # as `new_plan`: no plan is made inside a capture
-                self.plans[key] = self._scaled_plan(
-                    a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
+            try:
+                result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
+            except RuntimeError as error:
+                plan = self._declined_plan(
+                    error, key, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
                 )  # fmt: skip
-            return result
+            else:
+                if not capturing(a):  # as `new_plan`: no plan is made inside a capture
+                    self.plans[key] = self._scaled_plan(
+                        a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
+                    )  # fmt: skip
+                return result
         if (
             plan.launcher is None
             or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
@@ -483,6 +490,22 @@ class Dispatcher:
         biases = () if bias is None else (bias,)
         plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *biases, *args)
         return out
+
+    def _declined_plan(self, error: RuntimeError, key: tuple, a, b, *rest) -> Plan:
+        """The plan of a scaled product torch checked and cuBLASLt declined
+        (`declined_by_cublas`): our kernel, where one serves it; else torch's `error` is the
+        call's, as any other error of torch's is."""
+        if not declined_by_cublas(error) or capturing(a):
+            raise error
+        plan = self._scaled_plan(a, b, *rest)
+        if plan.launcher is None:
+            raise error
+        log.info(
+            "torch._scaled_mm declines %s x %s (%s); our kernel serves it",
+            *(a.shape, b.shape, plan.config.key),
+        )
+        self.plans[key] = plan
+        return plan
 
     def scaled_plan(
         self,

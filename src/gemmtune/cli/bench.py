@@ -16,7 +16,9 @@ power allows), L2 emptied by a read before every run, each run on the next of up
 placements of the operands (`measure.runner.fitting_copies`; the row's `placements`). Each
 row also says how many bytes per second each moved (`gbps`: A and B read once, the output
 written once) and what fraction that is of the GPU's memory bandwidth, measured at the start
-of the run (`bw_fraction`, `measure.bandwidth`).
+of the run (`bw_fraction`, `measure.bandwidth`). Where torch refuses a valid call
+(`torch._scaled_mm` with per-row scales and a bias at some sizes: cuBLASLt has no algorithm)
+the row times ours alone and says why (`torch_error`), with no ratio.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -36,6 +38,7 @@ import torch
 from gemmtune.cli import text
 from gemmtune.cli.text import NO_GPU, fail, fmt
 from gemmtune.core.dtypes import FP8, torch_dtype
+from gemmtune.core.problem import declined_by_cublas
 from gemmtune.core.versions import software
 from gemmtune.measure.timing import time_in_windows
 from gemmtune.measure.verify import check
@@ -167,8 +170,10 @@ def compare_with_cublas(
     # some kernels' times, torch's among them, depend on where their operands lie, by a few
     # percent: one allocation would decide a ratio by luck (`docs/tuning.md`)
     placed = fitting_copies(a, b)
-    ours, cublas = time_in_windows(
-        [taking_turns(ours_fn, placed), taking_turns(torch_fn, placed)],
+    declined = torch_declines(torch_fn, a, b)
+    contenders_run = [ours_fn] if declined else [ours_fn, torch_fn]
+    ours, *cublas = time_in_windows(
+        [taking_turns(fn, placed) for fn in contenders_run],
         window_ms=WINDOW_MS,
         max_runs=runs,
         flush=flush,
@@ -185,17 +190,23 @@ def compare_with_cublas(
         "layout": B_LAYOUTS[b_layout],
         "config": config,
         "ours_ms": ours.median_ms,
-        "cublas_ms": cublas.median_ms,
-        "ratio": cublas.median_ms / ours.median_ms,
         "ours_tflops": flops / (ours.median_ms * 1e-3) / 1e12,
-        "cublas_tflops": flops / (cublas.median_ms * 1e-3) / 1e12,
         "rel_err": err if math.isfinite(err) else None,
         "correct": ok,
         "mode": mode,
         "gbps": moved / (ours.median_ms * 1e-3) / 1e9,
-        "cublas_gbps": moved / (cublas.median_ms * 1e-3) / 1e9,
         "placements": len(placed),
     }
+    if declined:  # no ratio: torch has no time for a product it refuses
+        row["torch_error"] = declined
+    else:
+        torch_ms = cublas[0].median_ms
+        row.update(
+            cublas_ms=torch_ms,
+            ratio=torch_ms / ours.median_ms,
+            cublas_tflops=flops / (torch_ms * 1e-3) / 1e12,
+            cublas_gbps=moved / (torch_ms * 1e-3) / 1e9,
+        )
     if (kp, np_) != (k, n):
         row["padded_to"] = {"k": kp, "n": np_}
     if fp8:
@@ -204,10 +215,24 @@ def compare_with_cublas(
         row["bias"] = bias
     if reference_gbps:
         row["bw_fraction"] = row["gbps"] / reference_gbps
-        row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
+        if not declined:
+            row["cublas_bw_fraction"] = row["cublas_gbps"] / reference_gbps
     if mode == "tune" and (tuned := tuned_here(m, np_, kp)) is not None:
         row["tuned"] = tuned
     return row
+
+
+def torch_declines(torch_fn: Callable, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Why torch's contender refuses a valid call (cuBLASLt finding no algorithm: fp8 with
+    per-row scales and a bias at some sizes), None where it answers it; any other error of
+    torch's is raised."""
+    try:
+        torch_fn(a, b)
+    except RuntimeError as error:
+        if not declined_by_cublas(error):
+            raise
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def tuned_here(m: int, n: int, k: int) -> dict | None:
@@ -335,10 +360,10 @@ def run(args: argparse.Namespace) -> int:
                 row["n"],
                 row["k"],
                 f"{row['ours_ms']:.4f}",
-                f"{row['cublas_ms']:.4f}",
-                f"{row['ratio']:.3f}",
+                fmt(row.get("cublas_ms"), ".4f"),
+                fmt(row.get("ratio"), ".3f"),
                 f"{row['ours_tflops']:.1f}",
-                f"{row['cublas_tflops']:.1f}",
+                fmt(row.get("cublas_tflops"), ".1f"),
                 fmt(row["rel_err"], ".1e"),
                 row["config"] + wrong,
             ]

@@ -535,6 +535,14 @@ def scaled_matmul(
         return (product if bias is None else product + bias.float()).to(out_dtype)
 
 
+def declined_by_cublas(error: BaseException) -> bool:
+    """Whether `error` is cuBLAS(Lt) finding no algorithm for a call torch has checked and
+    accepted (`CUBLAS_STATUS_NOT_SUPPORTED`: `torch._scaled_mm` of some sizes with per-row
+    scales and a bias, say), not a wrong argument: the call is valid, and our kernels may serve
+    it."""
+    return isinstance(error, RuntimeError) and "CUBLAS_STATUS_NOT_SUPPORTED" in str(error)
+
+
 def scaled_reference(
     a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor
 ) -> torch.Tensor:

@@ -4,8 +4,9 @@ A `GemmRunner` lives in the benchmark worker (`workers.bench`). It builds the pr
 once, from `torch.randn` (int8: uniform over all 256 values) with a fixed seed, so every
 candidate multiplies the same tensors, and the reference (float32, or exact int32 for int8);
 then, per candidate, it loads the compiled kernel, poisons the output (`verify.poison`), runs
-it, checks the result and only then times it. torch's own contender is `torch.matmul`, or
-`torch._int_mm` for int8 (`problem.integer_matmul`).
+it, checks the result and only then times it. torch's own contender is `torch.matmul`,
+`torch._int_mm` for int8 (`problem.integer_matmul`) or `torch._scaled_mm` for fp8, which
+refuses some problems (`torch_declines`): those have none.
 
 A memory-bound kernel's time can depend on where in memory its operands lie: on an H100, swapped
 128x32 tiles in clusters of 2x1 read a 16 x 10240 x 8192 fp8 product in 33.6 µs at two
@@ -244,6 +245,29 @@ def torch_product(
     return torch.matmul(a, b)
 
 
+def torch_declines(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scales: tuple,
+    out_dtype: torch.dtype,
+    use_fast_accum: bool,
+    bias: torch.Tensor | None,
+) -> str | None:
+    """Why `torch._scaled_mm` refuses an fp8 product (it takes 2-D operands with b
+    column-major, and cuBLASLt has no algorithm for some sizes with per-row scales and a
+    bias), None where it takes it or the product is not fp8. `torch_product` stands the
+    float32 product in for it there, which is no time of torch's: a tune then times no torch
+    contender."""
+    if not scales:
+        return None
+    options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
+    try:
+        torch._scaled_mm(a, b, *scales, **options)
+    except RuntimeError as error:
+        return f"torch._scaled_mm refuses the problem: {error}"
+    return None
+
+
 class GemmRunner:
     """The worker-side state of one tuning run."""
 
@@ -262,6 +286,10 @@ class GemmRunner:
         self.reference = reference_product(self.a, self.b, self.scales, self.bias)
         self.flush = L2Flusher(spec.device_index)
         self.kernels: dict[str, object] = {}
+        fast = not spec.signature.promoted
+        self.torch_declines = torch_declines(
+            self.a, self.b, self.scales, self.out.dtype, fast, self.bias
+        )  # fmt: skip
         self.idle = IdleWarmup()
         self.idle.warm(lambda: self._cublas(self.a, self.b))  # the first kernels still compile
 
@@ -299,25 +327,40 @@ class GemmRunner:
         torch_product(a, b, self.scales, self.out.dtype, fast, self.bias)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
+        """Each config's time, in the job's order; torch's (`CUBLAS`) none where torch
+        refuses the problem (`torch_declines`)."""
         keys, runs = [], []
         for text, path in zip(job.configs_json, job.kernel_paths, strict=True):
             if text == CUBLAS:
-                keys.append(CUBLAS)
-                runs.append(taking_turns(self._cublas, self.placed, job.graph))
+                if self.torch_declines is None:
+                    keys.append(CUBLAS)
+                    runs.append(taking_turns(self._cublas, self.placed, job.graph))
             else:
                 config = GemmConfig.from_json(text)
                 keys.append(config.key)
                 runs.append(taking_turns(self._launcher(config, path), self.placed, job.graph))
-        timings = time_in_windows(
-            runs,
-            window_ms=job.window_ms,
-            rounds=job.rounds,
-            max_runs=job.max_runs,
-            flush=self.flush,
-            rotate=job.rotate,
+        timings = (
+            time_in_windows(
+                runs,
+                window_ms=job.window_ms,
+                rounds=job.rounds,
+                max_runs=job.max_runs,
+                flush=self.flush,
+                rotate=job.rotate,
+            )
+            if runs
+            else []
         )
         self.idle.timed()
-        return [Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)]
+        timed = iter(
+            Measurement(k, t.median_ms, t.spread) for k, t in zip(keys, timings, strict=True)
+        )
+        return [
+            Measurement(CUBLAS, None, error=self.torch_declines)
+            if text == CUBLAS and self.torch_declines is not None
+            else next(timed)
+            for text in job.configs_json
+        ]
 
     def measure(self, job: RunJob) -> Measurement:
         config = GemmConfig.from_json(job.config_json)
