@@ -1,4 +1,4 @@
-"""A tune's torch contender where torch refuses the problem (`measure.runner`): no time is
+"""A tune's torch contender where cuBLASLt declines the problem (`measure.runner`): no time is
 taken for it, nor a float32 stand-in timed as torch's; our finalists keep their order. On the
 CPU: torch._scaled_mm and the timing are stand-ins."""
 
@@ -38,8 +38,14 @@ def test_torch_declines_says_why_for_fp8_only(monkeypatch):
     monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kwargs: None)
     assert torch_declines(a, b, scales, torch.bfloat16, True, bias) is None
 
+    def wrong(*args, **kwargs):
+        raise RuntimeError("mat2 must be col_major")
 
-@pytest.mark.parametrize("declines", [None, "torch._scaled_mm refuses the problem: ..."])
+    monkeypatch.setattr(torch, "_scaled_mm", wrong)  # a layout: the float32 stand-in stays
+    assert torch_declines(a, b.t().contiguous(), scales, torch.bfloat16, True, bias) is None
+
+
+@pytest.mark.parametrize("declines", [None, "torch._scaled_mm declines the problem: ..."])
 def test_compare_times_torch_only_where_it_takes_the_problem(monkeypatch, declines):
     runner = object.__new__(GemmRunner)  # the worker's state, without a GPU
     runner.torch_declines = declines

@@ -5,8 +5,8 @@ once, from `torch.randn` (int8: uniform over all 256 values) with a fixed seed, 
 candidate multiplies the same tensors, and the reference (float32, or exact int32 for int8);
 then, per candidate, it loads the compiled kernel, poisons the output (`verify.poison`), runs
 it, checks the result and only then times it. torch's own contender is `torch.matmul`,
-`torch._int_mm` for int8 (`problem.integer_matmul`) or `torch._scaled_mm` for fp8, which
-refuses some problems (`torch_declines`): those have none.
+`torch._int_mm` for int8 (`problem.integer_matmul`) or `torch._scaled_mm` for fp8, for which
+cuBLASLt has no algorithm on some problems (`torch_declines`): those have none.
 
 A memory-bound kernel's time can depend on where in memory its operands lie: on an H100, swapped
 128x32 tiles in clusters of 2x1 read a 16 x 10240 x 8192 fp8 product in 33.6 µs at two
@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from gemmtune.core.config import CUBLAS, GemmConfig
-from gemmtune.core.problem import integer_matmul, scaled_matmul, scaled_reference
+from gemmtune.core.problem import (
+    declined_by_cublas,
+    integer_matmul,
+    scaled_matmul,
+    scaled_reference,
+)
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.transpose import copying_launcher
 from gemmtune.measure.timing import IdleWarmup, L2Flusher, as_graph, time_cuda, time_in_windows
@@ -253,18 +258,20 @@ def torch_declines(
     use_fast_accum: bool,
     bias: torch.Tensor | None,
 ) -> str | None:
-    """Why `torch._scaled_mm` refuses an fp8 product (it takes 2-D operands with b
-    column-major, and cuBLASLt has no algorithm for some sizes with per-row scales and a
-    bias), None where it takes it or the product is not fp8. `torch_product` stands the
-    float32 product in for it there, which is no time of torch's: a tune then times no torch
-    contender."""
+    """Why cuBLASLt declines an fp8 product torch has checked (no algorithm for some sizes
+    with per-row scales and a bias: `declined_by_cublas`), None where torch takes it, refuses
+    it as a wrong call, or the product is not fp8. Declined, `torch._scaled_mm` raises for
+    the caller, and `torch_product`'s float32 stand-in is no time of torch's: a tune then
+    times no torch contender. (A call torch refuses as wrong, a layout `tuned_gemm` copies,
+    keeps the stand-in, what `tuned_gemm` runs where torch serves it.)"""
     if not scales:
         return None
     options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
     try:
         torch._scaled_mm(a, b, *scales, **options)
     except RuntimeError as error:
-        return f"torch._scaled_mm refuses the problem: {error}"
+        if declined_by_cublas(error):
+            return f"torch._scaled_mm declines the problem: {error}"
     return None
 
 
@@ -327,8 +334,8 @@ class GemmRunner:
         torch_product(a, b, self.scales, self.out.dtype, fast, self.bias)
 
     def compare(self, job: CompareJob) -> list[Measurement]:
-        """Each config's time, in the job's order; torch's (`CUBLAS`) none where torch
-        refuses the problem (`torch_declines`)."""
+        """Each config's time, in the job's order; torch's (`CUBLAS`) none where cuBLASLt
+        declines the problem (`torch_declines`)."""
         keys, runs = [], []
         for text, path in zip(job.configs_json, job.kernel_paths, strict=True):
             if text == CUBLAS:
