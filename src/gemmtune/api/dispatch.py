@@ -35,10 +35,8 @@ from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
 from gemmtune.core.problem import (
     FP8_DTYPES,
-    FP8_OUTPUT_DTYPES,
     FallbackReason,
     GemmProblem,
-    declined_by_cublas,
     fallback_matmul,
     integer_matmul,
 )
@@ -126,19 +124,6 @@ def plan_key(
     if out_dtype is None and mode is None and not constant_b:
         return key
     return (key, out_dtype, mode, constant_b)
-
-
-def scaled_plan_key(
-    a, b, scale_a, scale_b, out_dtype, use_fast_accum: bool, constant_b: bool = False, bias=None
-) -> tuple:
-    """What decides a scaled (fp8) call's plan: the operands', scales' and bias's shapes,
-    strides and dtypes, the device and the call's arguments."""
-    biased = None if bias is None else (bias.shape, bias.stride(), bias.dtype)
-    return (
-        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.get_device(),
-        scale_a.shape, scale_b.shape, scale_a.dtype, scale_b.dtype, out_dtype, use_fast_accum,
-        constant_b, biased,
-    )  # fmt: skip
 
 
 def torch_op(a: torch.Tensor, b: torch.Tensor) -> Callable:
@@ -449,63 +434,12 @@ class Dispatcher:
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`torch._scaled_mm(a, b, scale_a, scale_b, bias=..., out_dtype=...,
-        use_fast_accum=...)` by our kernels where they serve it (without fast accumulation, a
-        kernel that promotes each k-tile's partial sums into fp32; with a bias, a kernel that
-        adds it before rounding to `out_dtype`). A call's first use of a tensor signature runs
-        torch's own, which checks it as the drop-in must (torch's errors are ours) and answers
-        it; its plan serves the calls after."""
-        device = a.get_device()
-        key = scaled_plan_key(
-            a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
+        use_fast_accum=...)` by our kernels where they serve it (`api.scaled`)."""
+        from gemmtune.api.scaled import scaled_call
+
+        return scaled_call(
+            self, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
         )  # fmt: skip
-        plan = self.plans.get(key)
-        options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
-        if plan is None:
-            try:
-                result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
-            except RuntimeError as error:
-                plan = self._declined_plan(
-                    error, key, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
-                )  # fmt: skip
-            else:
-                if not capturing(a):  # as `new_plan`: no plan is made inside a capture
-                    self.plans[key] = self._scaled_plan(
-                        a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
-                    )  # fmt: skip
-                return result
-        if (
-            plan.launcher is None
-            or (a.data_ptr() | b.data_ptr()) % ALIGNMENT_BYTES
-            or scale_a.get_device() != device
-            or scale_b.get_device() != device
-            or (bias is not None and bias.get_device() != device)
-        ):
-            return torch._scaled_mm(a, b, scale_a, scale_b, **options)
-        from gemmtune.kernels.launch import kernel_scales
-
-        out = torch.empty_strided(
-            plan.out_shape, plan.out_stride, dtype=plan.out_dtype, device=plan.device
-        )
-        args = plan.args if plan.workspace_stream is None else self.stream_args(plan, a, b)
-        biases = () if bias is None else (bias,)
-        plan.launcher(a, b, out, *kernel_scales((scale_a, scale_b)), *biases, *args)
-        return out
-
-    def _declined_plan(self, error: RuntimeError, key: tuple, a, b, *rest) -> Plan:
-        """The plan of a scaled product torch checked and cuBLASLt declined
-        (`declined_by_cublas`): our kernel, where one serves it; else torch's `error` is the
-        call's, as any other error of torch's is."""
-        if not declined_by_cublas(error) or capturing(a):
-            raise error
-        plan = self._scaled_plan(a, b, *rest)
-        if plan.launcher is None:
-            raise error
-        log.info(
-            "torch._scaled_mm declines %s x %s (%s); our kernel serves it",
-            *(a.shape, b.shape, plan.config.key),
-        )
-        self.plans[key] = plan
-        return plan
 
     def scaled_plan(
         self,
@@ -519,6 +453,8 @@ class Dispatcher:
         bias: torch.Tensor | None = None,
     ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
+        from gemmtune.api.scaled import scaled_plan_key
+
         return self.plans.get(
             scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias)
         )  # fmt: skip
@@ -534,32 +470,12 @@ class Dispatcher:
         constant_b: bool = False,
         bias: torch.Tensor | None = None,
     ) -> Plan:
-        """The plan of a scaled product torch has accepted: our kernel where one serves it (a
-        bias: one element per column, in the output's type, read one element at a time)."""
-        m, n = a.shape[0], b.shape[1]
-        if scale_a.numel() == 1 and scale_b.numel() == 1:
-            scaling = "tensor"
-        elif tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
-            scaling = "row"
-        else:
-            return Plan(None, (), None, reason="a scaling our kernels do not apply")
-        if out_dtype not in FP8_OUTPUT_DTYPES:
-            return Plan(None, (), None, reason=f"output {out_dtype}: kernels write 16/32-bit")
-        if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
-            return Plan(None, (), None, reason="kernels read float32 scales")
-        if bias is not None and (
-            tuple(bias.shape) != (n,) or bias.stride() != (1,) or bias.dtype != out_dtype
-        ):
-            why = "kernels add a contiguous (n,) bias of the output's type"
-            return Plan(None, (), None, reason=why)
-        resolved = resolve_mode(None)
-        problem = GemmProblem.from_tensors(
-            a, b, None, out_dtype, scaling=scaling, promoted=not use_fast_accum,
-            bias=bias is not None,
+        """The plan of a scaled product (`api.scaled.new_scaled_plan`)."""
+        from gemmtune.api.scaled import new_scaled_plan
+
+        return new_scaled_plan(
+            self, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
         )  # fmt: skip
-        if resolved == "off" or not problem.supported:
-            return Plan(None, (), None, reason=problem.fallback_reason or "mode off")
-        return self._kernel_plan(problem, resolved, constant_b=constant_b)
 
     def tune(self, problem: GemmProblem, **options) -> object:
         """Tune `problem` now (whatever the cache holds), store the result for its bucket and
