@@ -4,7 +4,7 @@ over the same placements of them."""
 import pytest
 import torch
 
-from gemmtune.cli.bench import contenders, torch_declines
+from gemmtune.cli.bench import contenders, torch_refusal
 
 
 def test_torchs_contender_is_the_product_of_the_operands_it_is_given():
@@ -24,7 +24,7 @@ def test_a_call_torch_declines_leaves_the_row_without_torchs_time():
 
         return torch_fn
 
-    assert "CUBLAS_STATUS_NOT_SUPPORTED" in torch_declines(raising(declined), x, x)
-    assert torch_declines(lambda a, b: a @ b, x, x) is None
+    assert "CUBLAS_STATUS_NOT_SUPPORTED" in torch_refusal(raising(declined), x, x)
+    assert torch_refusal(lambda a, b: a @ b, x, x) is None
     with pytest.raises(RuntimeError, match="column-major"):  # a wrong call is no refusal
-        torch_declines(raising(RuntimeError("b must be column-major")), x, x)
+        torch_refusal(raising(RuntimeError("b must be column-major")), x, x)

@@ -170,7 +170,7 @@ def compare_with_cublas(
     # some kernels' times, torch's among them, depend on where their operands lie, by a few
     # percent: one allocation would decide a ratio by luck (`docs/tuning.md`)
     placed = fitting_copies(a, b)
-    declined = torch_declines(torch_fn, a, b)
+    declined = torch_refusal(torch_fn, a, b)
     contenders_run = [ours_fn] if declined else [ours_fn, torch_fn]
     ours, *cublas = time_in_windows(
         [taking_turns(fn, placed) for fn in contenders_run],
@@ -222,7 +222,7 @@ def compare_with_cublas(
     return row
 
 
-def torch_declines(torch_fn: Callable, a: torch.Tensor, b: torch.Tensor) -> str | None:
+def torch_refusal(torch_fn: Callable, a: torch.Tensor, b: torch.Tensor) -> str | None:
     """Why torch's contender refuses a valid call (cuBLASLt finding no algorithm: fp8 with
     per-row scales and a bias at some sizes), None where it answers it; any other error of
     torch's is raised."""
