@@ -31,6 +31,7 @@ import torch
 import tvm_ffi  # our kernels' launch runtime: loaded with gemmtune, not at a first call
 
 from gemmtune.api.choice import ConfigChooser
+from gemmtune.api.scaled import new_scaled_plan, scaled_call, scaled_plan_key
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.core.dtypes import ALIGNMENT_BYTES
 from gemmtune.core.problem import (
@@ -422,24 +423,11 @@ class Dispatcher:
         )  # fmt: skip
         return (*plan.args[: len(plan.args) - len(args)], *args)  # a plan's bound scales first
 
-    def scaled(
-        self,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        scale_a: torch.Tensor,
-        scale_b: torch.Tensor,
-        out_dtype: torch.dtype | None,
-        use_fast_accum: bool,
-        constant_b: bool = False,
-        bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """`torch._scaled_mm(a, b, scale_a, scale_b, bias=..., out_dtype=...,
-        use_fast_accum=...)` by our kernels where they serve it (`api.scaled`)."""
-        from gemmtune.api.scaled import scaled_call
-
-        return scaled_call(
-            self, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
-        )  # fmt: skip
+    #: `torch._scaled_mm(a, b, scale_a, scale_b, bias=..., out_dtype=...,
+    #: use_fast_accum=...)` by our kernels where they serve it (`api.scaled`)
+    scaled = scaled_call
+    #: the plan of a scaled product, our kernel's where one serves it
+    _scaled_plan = new_scaled_plan
 
     def scaled_plan(
         self,
@@ -453,28 +441,8 @@ class Dispatcher:
         bias: torch.Tensor | None = None,
     ) -> Plan | None:
         """The plan `scaled` made for calls like this one, None before the first call."""
-        from gemmtune.api.scaled import scaled_plan_key
-
         return self.plans.get(
             scaled_plan_key(a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias)
-        )  # fmt: skip
-
-    def _scaled_plan(
-        self,
-        a,
-        b,
-        scale_a,
-        scale_b,
-        out_dtype,
-        use_fast_accum: bool,
-        constant_b: bool = False,
-        bias: torch.Tensor | None = None,
-    ) -> Plan:
-        """The plan of a scaled product (`api.scaled.new_scaled_plan`)."""
-        from gemmtune.api.scaled import new_scaled_plan
-
-        return new_scaled_plan(
-            self, a, b, scale_a, scale_b, out_dtype, use_fast_accum, constant_b, bias
         )  # fmt: skip
 
     def tune(self, problem: GemmProblem, **options) -> object:

@@ -47,20 +47,20 @@ def scaled_call(
     scale_b: torch.Tensor,
     out_dtype: torch.dtype | None,
     use_fast_accum: bool,
-    constant_b: bool,
-    bias: torch.Tensor | None,
+    constant_b: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype,
     use_fast_accum=use_fast_accum)` through `dispatcher`'s plans (see the module's
-    docstring)."""
-    from gemmtune.api.dispatch import capturing
-
+    docstring); `Dispatcher.scaled`."""
     device = a.get_device()
     rest = (out_dtype, use_fast_accum, constant_b, bias)
     key = scaled_plan_key(a, b, scale_a, scale_b, *rest)
     plan = dispatcher.plans.get(key)
     options = {"out_dtype": out_dtype, "use_fast_accum": use_fast_accum, "bias": bias}
     if plan is None:
+        from gemmtune.api.dispatch import capturing
+
         try:
             result = torch._scaled_mm(a, b, scale_a, scale_b, **options)
         except RuntimeError as error:
@@ -120,7 +120,7 @@ def new_scaled_plan(
 ):
     """The plan of a scaled product: our kernel where one serves it (a bias: one element per
     column, in the output's type, read one element at a time), else torch's with the
-    reason."""
+    reason; `Dispatcher._scaled_plan`."""
     from gemmtune.api.dispatch import Plan, resolve_mode
 
     m, n = a.shape[0], b.shape[1]
