@@ -37,6 +37,8 @@ sm90_128x128_c1x1_coop_tma_sk4      |  520x512x32768 | e4m3 e4m3 bf16 | n | row
 sm90_128x64_c1x1_swap_coop_st_sk3   |  16x4096x8192 | e4m3 e5m2 bf16 | m | row
 sm90_128x256_c2x1_coop_tma_streamk  | 1024x4352x4096 | e4m3 e4m3 bf16 | n | row
 sm90_64x128_c1x1_pp_st_streamk      | 1000x1528x2064 | e4m3 e4m3 fp32 | m | tensor
+sm90_128x144_c2x1_coop_tma_streamk  | 1000x4352x4096 | e4m3 e4m3 bf16 | n | tensor
+sm90_128x144_c2x1_pp_tma_streamk    | 1024x4352x4096 | e4m3 e4m3 bf16 | n | row
 sm90_128x64_c1x1_swap_pp_st_streamk |  33x1000x3008 | e5m2 e4m3 fp16 | n | row
 sm90_128x128_c1x1_coop_tma_dp       | 2048x2048x8192 | e4m3 e4m3 bf16 | n | tensor promoted
 sm90_64x192_c2x1_pp_st_dp           |  1000x1528x2064 | e4m3 e5m2 fp32 | m | row promoted

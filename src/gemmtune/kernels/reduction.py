@@ -150,15 +150,33 @@ def await_partials(tile: SharedTile):
         cute.arch.store(tile.counters.iterator + tile.counter, Int32(0), sem="relaxed", scope="gpu")
 
 
+def gather_chunk(count: int, spare_registers: int = 0) -> int:
+    """Floats of one partial a thread of `add_partials` loads at once, of its `count`: the
+    largest multiple of four dividing `count` within `MAX_CHUNK` and the registers beyond
+    `SHARE_STEP_MARGIN` of its `spare_registers` (see `share_step`), and never fewer than
+    `gcd(count, MAX_CHUNK)`, which fits beside any tile. Each chunk is a round trip to L2
+    that the owner waits for: 72 accumulators a thread (128x144 cooperative) in chunks of
+    their greatest power-of-two divisor, 8, were nine round trips per partial; in 36, two."""
+    least = math.gcd(count, MAX_CHUNK)
+    room = min(MAX_CHUNK, spare_registers - SHARE_STEP_MARGIN)
+    return max(c for c in range(least, max(room, least) + 1, 4) if count % c == 0)
+
+
 @cute.jit
-def add_partials(values: cute.Tensor, tile: SharedTile, first: int, total: int):
+def add_partials(
+    values: cute.Tensor,
+    tile: SharedTile,
+    first: int,
+    total: int,
+    spare_registers: cutlass.Constexpr = 0,
+):
     """Add to `values` (registers: floats [first, first + size) of this thread's `total`) the
-    same floats of the other segments' partials, in segment order, skipping our own. Only
-    after `await_partials`."""
+    same floats of the other segments' partials, in segment order, skipping our own, a
+    `gather_chunk` at a time. Only after `await_partials`."""
     count = cute.size(values)
     load = _partial_load_atom(tile.dtype)
     partials = _partials(tile, total)
-    chunk = math.gcd(count, MAX_CHUNK)
+    chunk = gather_chunk(count, spare_registers)
     vectors = chunk // 4
     partial = cute.make_rmem_tensor((4, vectors), tile.dtype)
     for c in cutlass.range_constexpr(count // chunk):
@@ -173,11 +191,14 @@ def add_partials(values: cute.Tensor, tile: SharedTile, first: int, total: int):
 
 
 @cute.jit
-def gather_partials(accumulators: cute.Tensor, tile: SharedTile):
+def gather_partials(
+    accumulators: cute.Tensor, tile: SharedTile, spare_registers: cutlass.Constexpr = 0
+):
     """Wait for the tile's other `segments - 1` items, then add their partials to the
-    accumulators, in segment order, skipping our own segment."""
+    accumulators, in segment order, skipping our own segment. `spare_registers`: see
+    `gather_chunk`."""
     await_partials(tile)
-    add_partials(accumulators, tile, 0, cute.size(accumulators))
+    add_partials(accumulators, tile, 0, cute.size(accumulators), spare_registers)
 
 
 #: Accumulators per thread up to which a tile is small: a thread of it holds a few blocks, and

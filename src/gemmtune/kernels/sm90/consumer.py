@@ -329,7 +329,7 @@ def consume(
                     else:
                         final = segment == owner
                         if final:
-                            gather_partials(accumulators, shared)
+                            gather_partials(accumulators, shared, gemm.share_registers)
             if final:
                 if cutlass.const_expr(gemm.row_bias_in_registers):
                     add_row_bias(accumulators, row_terms)

@@ -93,8 +93,8 @@ class HopperGemm:
         self.producer_registers, self.consumer_registers = rules.register_split(
             config, register_tiles
         )
-        # what the split-K reduction may load at once (`reduction.share_step`): a promoted
-        # fp8 tile's tiles of partial sums take the room
+        # what a reduction may load at once (`reduction.share_step`, `gather_chunk`): a
+        # promoted fp8 tile's tiles of partial sums take the room
         spare = self.consumer_registers - rules.accumulator_registers(config)
         spare -= rules.CONSUMER_OVERHEAD_REGISTERS
         self.share_registers = 0 if signature.promoted else spare
