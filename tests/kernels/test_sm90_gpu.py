@@ -115,7 +115,8 @@ sm90_128x144_c2x1_pp_tma_dp        | 1000x1528x2056x1 | tn | bf16 bf16 | m
 sm90_64x144_c1x2_pp_st_dp          |   264x392x200x2 | nt | fp16 fp16 | n
 sm90_256x144_c2x1_coop_tma_streamk | 2048x2304x4096x1 | tn | bf16 bf16 | n
 sm90_128x144_c2x1_coop_tma_streamk | 1000x4352x4104x1 | tn | bf16 bf16 | n
-sm90_128x104_c1x1_coop_tma_streamk |  300x1000x8200x1 | tn | bf16 bf16 | n
+sm90_128x144_c1x1_coop_tma_streamk |  300x1000x8200x1 | tn | bf16 bf16 | n
+sm90_128x176_c1x1_coop_tma_streamk |  300x1000x8200x1 | tn | fp16 fp16 | n
 sm90_128x144_c1x1_pp_tma_sk4       |   512x512x8192x1 | tt | bf16 bf16 | n
 sm90_256x208_c1x2_swap_coop_tma_dp | 4096x3000x1000x1 | tn | bf16 bf16 | n
 sm90_256x208_c2x1_coop_st_dp       | 2999x4104x1000x1 | tt | bf16 bf16 | n
