@@ -7,7 +7,9 @@
 # not run longer than 10 minutes, `tests-kernels` and `tests-rest` run its two halves
 # (tests/kernels, everything else), each with its own 570 s limit. A suite step runs
 # `python3 -m benchmarks SUITE` (cost: the tuning-cost suite, with $COST_ARGS; serving with
-# $SERVING_ARGS; decode-chain on the serving results file $CHAIN_RESULTS); suite:
+# $SERVING_ARGS; public and serving with --time-limit $SUITE_LIMIT, 480 s unless set, so that a
+# step cut short keeps the rows it measured; decode-chain on the serving results file
+# $CHAIN_RESULTS); suite:
 # `gemmtune bench --json` on an empty cache. Results and logs go to $OUT.
 set -uo pipefail
 if [ ! -f benchmarks/__main__.py ]; then
@@ -42,7 +44,8 @@ for step in $steps; do
     tests-kernels) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels 2>&1 | tee "$OUT/pytest-gpu-kernels.txt" | tail -15 ;;
     tests-rest) timeout 570 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/kernels 2>&1 | tee "$OUT/pytest-gpu-rest.txt" | tail -15 ;;
     cost) run_suite tuning-cost ${COST_ARGS:-} ;;
-    serving) run_suite serving ${SERVING_ARGS:-} ;;
+    public) run_suite public --time-limit "${SUITE_LIMIT:-480}" ;;
+    serving) run_suite serving --time-limit "${SUITE_LIMIT:-480}" ${SERVING_ARGS:-} ;;
     decode-chain) run_suite decode-chain --results "${CHAIN_RESULTS:?a serving results file}" ;;
     suite) GEMMTUNE_CACHE_DIR=$(mktemp -d) timeout 560 python3 -m gemmtune bench --json > "$OUT/tuned-gemm-suite.json" 2> "$OUT/tuned-gemm-suite.err"; tail -3 "$OUT/tuned-gemm-suite.err" ;;
     *) run_suite "$step" ;;

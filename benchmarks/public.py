@@ -10,7 +10,11 @@ among the tuning's candidates (`"contender": "tuned_gemm"`), one without (`GEMMT
 ours_ms, above 1: gemmtune is faster.
 
     python -m benchmarks public --out-dir DIR [--dtype bf16 fp16 int8] [--layout kn|nk]
-        [--shapes FILE] [--contenders kernels]
+        [--shapes FILE] [--contenders kernels] [--time-limit SECONDS]
+
+`--time-limit` bounds the whole suite: each run is given an equal share of the time left
+(`TimeShare`), starts no shape past it (`gemmtune bench --time-limit`), and the file keeps the
+rows measured, its method saying where a run stopped.
 
 8-bit MMAs read both operands K-major: int8 and fp8 (e4m3, e5m2) with `--layout nk`
 (`x @ w.t()`) run on our kernels as they are, int8 with `--layout kn` on a K-major copy of b
@@ -29,6 +33,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import RESULTS, suite_file_name, write_results
@@ -42,6 +48,24 @@ SUITE_HELP = "the public shape suite: tuned_gemm and our kernels alone against c
 CONTENDERS = {"tuned_gemm": "1", "kernels": "0"}
 
 
+class TimeShare:
+    """A suite's time limit shared by its runs: each run, as it starts, is given an equal part
+    of the time left (None where the suite has no limit)."""
+
+    def __init__(self, limit: float | None, runs: int, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.runs_left, self.clock = limit, runs, clock
+        self.started = clock()
+
+    def next_run(self) -> float | None:
+        """The seconds the next run may take."""
+        if self.limit is None:
+            return None
+        left = max(self.limit - (self.clock() - self.started), 0.0)
+        share = left / max(self.runs_left, 1)
+        self.runs_left -= 1
+        return share
+
+
 def bench_run(
     dtype: str,
     cublas: str,
@@ -51,13 +75,16 @@ def bench_run(
     scaling: str = "tensor",
     accumulation: str = "fast",
     bias: bool = False,
+    time_limit: float | None = None,
 ) -> dict:
     """The results document of one `gemmtune bench --json` run, in a new process on an empty
     cache folder, with GEMMTUNE_CUBLAS=`cublas`: the suite `suite`, or the file `shapes`
-    (`scaling` and `accumulation`: an fp8 product's; `bias`: both contenders add one)."""
+    (`scaling` and `accumulation`: an fp8 product's; `bias`: both contenders add one;
+    `time_limit`: seconds after which it starts no shape)."""
     command = [sys.executable, "-m", "gemmtune", "bench", "--json", "--dtype", dtype]
     command += ["--layout", layout, "--scaling", scaling, "--accumulation", accumulation]
     command += ["--bias"] if bias else []
+    command += ["--time-limit", f"{time_limit:.1f}"] if time_limit is not None else []
     command += ["--shapes", str(shapes)] if shapes is not None else ["--suite", suite]
     with tempfile.TemporaryDirectory(prefix="gemmtune-public-") as cache:
         env = {**os.environ, "GEMMTUNE_CACHE_DIR": cache, CUBLAS_ENV: cublas}
@@ -99,10 +126,12 @@ def main(argv: list[str] | None = None) -> Path:
         "--contenders", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS)
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS", help=TIME_LIMIT_HELP)
     args = parser.parse_args(argv)
     shapes = load_shape_suite(args.shapes)  # read here too: a bad file fails before any run
     print(f"{len(shapes)} shapes, {' '.join(args.dtype)}, contenders {', '.join(args.contenders)}")
     rows, methods = [], set()
+    share = TimeShare(args.time_limit, len(args.dtype) * len(args.contenders))
     for dtype in args.dtype:
         for contender in args.contenders:
             document = bench_run(
@@ -113,6 +142,7 @@ def main(argv: list[str] | None = None) -> Path:
                 scaling=args.scaling,
                 accumulation=args.accumulation,
                 bias=args.bias,
+                time_limit=share.next_run(),
             )
             # the bench's method names the dtype; the dtypes are listed once below
             methods.add(document["method"].rsplit(";", 1)[0])
@@ -122,7 +152,9 @@ def main(argv: list[str] | None = None) -> Path:
                 print(describe(row), flush=True)
             rows += document["rows"]
     if not any("ratio" in row for row in rows):  # a broken setup, not a measurement
-        raise SystemExit(f"every shape failed, e.g. {rows[0].get('error') if rows else None}")
+        if not rows:
+            raise SystemExit("no shape was timed: the time limit left none")
+        raise SystemExit(f"every shape failed, e.g. {rows[0].get('error')}")
     for contender in args.contenders:
         ratios = [r["ratio"] for r in rows if r["contender"] == contender and "ratio" in r]
         if ratios:
@@ -142,6 +174,11 @@ def main(argv: list[str] | None = None) -> Path:
     return write_results("kernel", method, rows, args.out_dir, name=name)
 
 
+#: what `--time-limit` does to a suite
+TIME_LIMIT_HELP = (
+    "the whole suite's time: each run gets an equal share of what is left and starts no shape "
+    "past it; the file keeps the rows measured"
+)
 #: what `--bias` asks of both contenders
 BIAS_HELP = (
     "both contenders add a bias, one element per output column in the output's type (16-bit: "

@@ -13,6 +13,7 @@ measured in the same run: `gemmtune.measure.bandwidth`).
 
     python -m benchmarks serving --out-dir DIR [--dtype bf16 fp16] [--layout nk kn]
         [--contenders kernels tuned_gemm] [--only decode,l8b_down,ragged_800x1200x4096,...]
+        [--time-limit SECONDS]
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import RESULTS, suite_file_name, write_results
-from benchmarks.public import BIAS_HELP, CONTENDERS, bench_run, describe, input_kind
+from benchmarks.public import (
+    BIAS_HELP,
+    CONTENDERS,
+    TIME_LIMIT_HELP,
+    TimeShare,
+    bench_run,
+    describe,
+    input_kind,
+)
 from gemmtune.cli.bench import B_LAYOUTS, load_shape_suite
 from gemmtune.core.dtypes import KERNEL_INPUTS, SCALINGS
 
@@ -96,12 +105,14 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--accumulation", default="fast", choices=["fast", "promoted"])
     parser.add_argument("--bias", action="store_true", help=BIAS_HELP)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--time-limit", type=float, metavar="SECONDS", help=TIME_LIMIT_HELP)
     args = parser.parse_args(argv)
     shapes = selected(args.only)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"shapes": shapes}, f)
     suite_file = Path(f.name)
     rows, methods = [], set()
+    share = TimeShare(args.time_limit, len(args.dtype) * len(args.layout) * len(args.contenders))
     for dtype in args.dtype:
         for layout in args.layout:
             for contender in args.contenders:
@@ -113,6 +124,7 @@ def main(argv: list[str] | None = None) -> Path:
                     scaling=args.scaling,
                     accumulation=args.accumulation,
                     bias=args.bias,
+                    time_limit=share.next_run(),
                 )
                 methods.add(document["method"].rsplit(";", 1)[0])
                 for row in document["rows"]:
@@ -122,7 +134,9 @@ def main(argv: list[str] | None = None) -> Path:
                 rows += document["rows"]
     suite_file.unlink()
     if not any("ratio" in row for row in rows):
-        raise SystemExit(f"every shape failed, e.g. {rows[0].get('error') if rows else None}")
+        if not rows:
+            raise SystemExit("no shape was timed: the time limit left none")
+        raise SystemExit(f"every shape failed, e.g. {rows[0].get('error')}")
     for line in summary(rows):
         print(line)
     method = (

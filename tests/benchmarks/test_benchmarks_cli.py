@@ -262,6 +262,37 @@ def test_serving_runs_each_dtype_layout_and_contender_on_the_chosen_shapes(tmp_p
     ]  # fmt: skip
 
 
+def test_a_suites_time_limit_is_shared_by_its_runs_as_each_starts():
+    from benchmarks.public import TimeShare
+
+    now = [50.0]
+    share = TimeShare(100.0, runs=4, clock=lambda: now[0])
+    assert share.next_run() == 25.0  # 100 s left for 4 runs
+    now[0] += 40.0  # the first run took longer than its share
+    assert share.next_run() == 20.0  # 60 s left for 3
+    now[0] += 70.0
+    assert share.next_run() == 0.0 and share.next_run() == 0.0  # none left: no shape starts
+    assert TimeShare(None, runs=2).next_run() is None
+
+
+def test_serving_passes_each_run_its_share_of_the_time_limit(tmp_path, monkeypatch):
+    from benchmarks import public, serving
+
+    limits = []
+
+    def fake_bench(command, env, **_):
+        limits.append(float(command[command.index("--time-limit") + 1]))
+        row = {"shape": "l8b_o_m1", "m": 1, "ratio": 1.0, "config": "sm90_x", "correct": True}
+        document = {"method": "gemmtune bench: windows; bf16 torch.randn inputs", "rows": [row]}
+        return subprocess.CompletedProcess(command, 0, json.dumps(document))
+
+    monkeypatch.setattr(public.subprocess, "run", fake_bench)
+    monkeypatch.setattr(serving, "write_results", lambda *args, **kwargs: tmp_path / "s.json")
+    argv = ["--only", "l8b_o_m1", "--contenders", "kernels", "tuned_gemm", "--time-limit", "300"]
+    serving.main([*argv, "--out-dir", str(tmp_path)])
+    assert len(limits) == 2 and 149.0 < limits[0] <= 150.0 and 298.0 < limits[1] <= 300.0
+
+
 def test_tuning_cost_children_import_the_autotune_subject_by_name_from_anywhere(tmp_path):
     from benchmarks.tuning_cost import child_command, child_environment
 

@@ -384,6 +384,52 @@ def test_bench_with_an_unreadable_suite(capsys, tmp_path):
     assert "cannot read the shape suite" in capsys.readouterr().err
 
 
+def test_bench_starts_no_shape_past_its_time_limit_and_keeps_the_rows_it_has(
+    capsys, tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from gemmtune.cli import bench
+    from gemmtune.measure import bandwidth, timing
+
+    now = [100.0]
+    timed = []
+
+    def compare(shape, *args):  # each shape takes 6 s of the fake clock
+        timed.append(shape["name"])
+        now[0] += 6.0
+        return {"shape": shape["name"], "ratio": 1.0, "correct": True}
+
+    monkeypatch.setattr(bench, "monotonic", lambda: now[0])
+    monkeypatch.setattr(bench, "compare_with_cublas", compare)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties",
+        lambda _: SimpleNamespace(name="NVIDIA H200", multi_processor_count=132),
+    )  # fmt: skip
+    found = SimpleNamespace(read_gbps=4255.0, copy_gbps=4270.0, reference_gbps=4270.0)
+    monkeypatch.setattr(bandwidth, "measure_bandwidth", lambda: found)
+    monkeypatch.setattr(timing, "L2Flusher", lambda device: None)
+    suite = tmp_path / "s.json"
+    suite.write_text(json.dumps({"shapes": [{"name": f"s{i}", "m": 8, "n": 8, "k": 8}
+                                            for i in range(3)]}))  # fmt: skip
+
+    assert main(["bench", "--shapes", str(suite), "--json", "--time-limit", "10"]) == 0
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    # s0 starts at 0 s, s1 at 6 s; at 12 s the limit has passed and s2 never starts
+    assert timed == ["s0", "s1"] and [r["shape"] for r in document["rows"]] == ["s0", "s1"]
+    stopped = "stopped by --time-limit 10 s after 2 of 3 shapes; bf16 torch.randn inputs"
+    assert stopped in document["method"]
+    assert "stopped by --time-limit 10 s after 2 of 3 shapes" in captured.err
+
+    timed.clear()
+    assert main(["bench", "--shapes", str(suite), "--json"]) == 0
+    assert timed == ["s0", "s1", "s2"]
+    assert "stopped" not in json.loads(capsys.readouterr().out)["method"]
+
+
 def test_shape_suite_ships_with_the_package(tmp_path):
     shapes = load_shape_suite()
     assert {"name": "sq4096", "m": 4096, "n": 4096, "k": 4096} in shapes

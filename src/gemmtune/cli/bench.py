@@ -18,7 +18,9 @@ row also says how many bytes per second each moved (`gbps`: A and B read once, t
 written once) and what fraction that is of the GPU's memory bandwidth, measured at the start
 of the run (`bw_fraction`, `measure.bandwidth`). Where torch refuses a valid call
 (`torch._scaled_mm` with per-row scales and a bias at some sizes: cuBLASLt has no algorithm)
-the row times ours alone and says why (`torch_error`), with no ratio.
+the row times ours alone and says why (`torch_error`), with no ratio. With `--time-limit` no
+shape starts once that many seconds have passed: the rows done so far are the result, and its
+method says where it stopped (a device call of bounded length keeps what it measured).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from time import monotonic
 
 import torch
 
@@ -260,9 +263,15 @@ def output_itemsize(a) -> int:
 
 
 def results_document(
-    rows: list[dict], mode: str, runs: int, dtype_name: str, bandwidth: dict | None = None
+    rows: list[dict],
+    mode: str,
+    runs: int,
+    dtype_name: str,
+    bandwidth: dict | None = None,
+    stopped: str | None = None,
 ) -> dict:
-    """The rows as a benchmark results file (the format of `benchmarks/results/`)."""
+    """The rows as a benchmark results file (the format of `benchmarks/results/`); `stopped`
+    says why shapes of the suite have no row (a time limit)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return {
         "what": "kernel",
@@ -279,7 +288,8 @@ def results_document(
             f"the same copies), median of all its runs; bytes moved = A and B read once, the "
             f"output written once; the GPU's memory bandwidth {bandwidth} (measure.bandwidth: "
             f"a sum and a copy over 2 GiB, medians, the faster the reference of bw_fraction); "
-            f"{dtype_name} torch.randn inputs"
+            + (f"{stopped}; " if stopped else "")
+            + f"{dtype_name} torch.randn inputs"
         ),
         "rows": rows,
     }
@@ -305,7 +315,13 @@ def _bench_line(cells: Sequence[object]) -> str:
     return text.row(cells, widths, "".join(align for _, _, align in _BENCH_COLUMNS))
 
 
+def time_is_up(started: float, limit: float | None) -> bool:
+    """Whether `limit` seconds (None: no limit) have passed since `started` (`monotonic`)."""
+    return limit is not None and monotonic() - started >= limit
+
+
 def run(args: argparse.Namespace) -> int:
+    started = monotonic()
     try:
         shapes = load_shape_suite(args.shapes, args.suite)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -335,8 +351,15 @@ def run(args: argparse.Namespace) -> int:
         )
         print(_bench_line([name for name, _, _ in _BENCH_COLUMNS]))
         print(_bench_line(["-" * max(w, len(name)) for name, w, _ in _BENCH_COLUMNS]))
-    rows, failed = [], 0
-    for shape in shapes:
+    rows, failed, stopped = [], 0, None
+    for done, shape in enumerate(shapes):
+        if time_is_up(started, args.time_limit):
+            stopped = (
+                f"stopped by --time-limit {args.time_limit:g} s after {done} of {len(shapes)} "
+                "shapes"
+            )
+            print(f"gemmtune bench: {stopped}", file=sys.stderr)
+            break
         try:
             row = compare_with_cublas(
                 shape, args.dtype, args.mode, args.runs, flush, args.layout,
@@ -374,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
             "read_gbps": round(bandwidth.read_gbps, 1),
             "copy_gbps": round(bandwidth.copy_gbps, 1),
         }
-        document = results_document(rows, args.mode, args.runs, args.dtype, found)
+        document = results_document(rows, args.mode, args.runs, args.dtype, found, stopped)
         print(json.dumps(document, indent=1))
     else:
         ratios = [r["ratio"] for r in rows if "ratio" in r]

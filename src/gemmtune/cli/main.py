@@ -260,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="at most N timed runs per window of ~100 ms, 3 windows each (default 400)",
     )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="start no shape once SECONDS have passed; the rows done so far are the result",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
     p.set_defaults(run=bench.run)
 
