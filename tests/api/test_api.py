@@ -123,8 +123,29 @@ def test_modes_come_from_the_argument_or_the_environment(monkeypatch):
 def test_off_is_torch_matmul_and_wrong_calls_raise():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     torch.testing.assert_close(tuned_gemm(a, b, mode="off"), a @ b)
-    with pytest.raises(ValueError, match="a is on cpu"):
-        tuned_gemm(a, b, mode="tune")
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        tuned_gemm(a, b.t(), mode="tune")
+
+
+@pytest.mark.parametrize("mode", ["tune", "cache-only", "heuristic"])
+def test_tensors_off_the_gpu_are_multiplied_by_torch_where_they_are(mode):
+    import gemmtune
+
+    a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16)
+    assert torch.equal(tuned_gemm(a, b, mode=mode), a @ b)
+    wide = tuned_gemm(a, b, mode=mode, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32 and wide.device.type == "cpu"
+    torch.testing.assert_close(wide, a.float() @ b.float())
+    out = torch.full((8, 4), float("nan"), dtype=torch.bfloat16)
+    assert tuned_gemm(a, b, mode=mode, out=out) is out and torch.equal(out, a @ b)
+    batch = torch.randn(3, 8, 16), torch.randn(3, 16, 4)
+    torch.testing.assert_close(tuned_gemm(*batch, mode=mode), torch.bmm(*batch))
+    bias = torch.randn(4, dtype=torch.bfloat16)
+    torch.testing.assert_close(tuned_gemm(a, b, mode=mode, bias=bias), torch.addmm(bias, a, b))
+    plan = gemmtune.plan(a, b, mode=mode)
+    assert plan.config is None and plan.reason.code == "device" and "cpu" in str(plan.reason)
+    with pytest.raises(ValueError, match="a is on cpu but b is on meta"):
+        tuned_gemm(a, b.to("meta"), mode=mode)
 
 
 def test_plan_says_what_serves_a_call_and_why():

@@ -7,12 +7,12 @@ when a row of `a` is contiguous (row-major `a`), B is "n"-major when `b` is row-
 when `b` is column-major, the output is "n"-major when row-major.
 
 Two kinds of trouble are kept apart:
-- a call that is wrong (mismatched shapes, CPU tensors, integer dtypes...) raises a clear
+- a call that is wrong (mismatched shapes, operands on two devices, int32 inputs...) raises a clear
   `ValueError` or `TypeError` naming the argument, exactly where torch.matmul would also fail or
   where we refuse to guess;
 - a call that is legal but that our kernels do not serve (odd strides, misalignment, zero-size
-  dimensions, float32 inputs, another GPU) yields `FallbackReason`s; the caller then uses
-  `torch.matmul`, which gives the right answer.
+  dimensions, float32 inputs, another GPU, tensors off the GPU) yields `FallbackReason`s; the
+  caller then uses `torch.matmul`, which gives the right answer.
 """
 
 from __future__ import annotations
@@ -150,8 +150,6 @@ class Operand:
                 f"{name} must be 2-D or 3-D (a batch of matrices), got {len(self.shape)}-D with "
                 f"shape {self.shape}"
             )
-        if self.device.type != "cuda":
-            raise ValueError(f"{name} is on {self.device}; gemmtune multiplies CUDA tensors")
         if self.dtype not in KERNEL_INPUT_DTYPES + FALLBACK_INPUT_DTYPES:
             raise TypeError(
                 f"{name} has dtype {self.dtype}; gemmtune multiplies bfloat16, float16, int8 and "
@@ -313,7 +311,7 @@ class GemmProblem:
         a.check("a")
         b.check("b")
         if a.device != b.device:
-            raise ValueError(f"a is on {a.device} but b is on {b.device}; they must share a GPU")
+            raise ValueError(f"a is on {a.device} but b is on {b.device}; they must share a device")
         fp8 = a.dtype in FP8_DTYPES
         if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):
             raise TypeError(
@@ -373,9 +371,14 @@ class GemmProblem:
             out_dtype = out.dtype
         out_dtype = out_dtype or default_out_dtype(a.dtype)
 
-        if arch is None:
+        on_gpu = a.device.type == "cuda"
+        if not on_gpu:  # torch.matmul multiplies them where they are
+            arch = Arch.OTHER
+            where = f"tensors on {a.device.type}: gemmtune's kernels run on GPUs"
+            reasons.append(FallbackReason("device", where))
+        elif arch is None:
             arch = arch_of(a.device.index or 0)
-        if not arch.has_kernels:
+        if on_gpu and not arch.has_kernels:
             reasons.append(
                 FallbackReason(
                     "arch", f"{_gpu_label(a.device)}: gemmtune kernels run on sm_90 and sm_100 GPUs"
