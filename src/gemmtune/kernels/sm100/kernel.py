@@ -19,10 +19,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass import Int32
 from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator, get_num_tmem_alloc_cols
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
@@ -87,7 +87,9 @@ class BlackwellGemm:
 
     def _tiled_mma(self) -> cute.TiledMma:
         group = tcgen05.CtaGroup.TWO if self.use_2cta_instrs else tcgen05.CtaGroup.ONE
+        # A's type, then B's: the DSL's form that takes one type for both is deprecated
         return sm100_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
             self.ab_dtype,
             self.a_major.mma_major_mode(),
             self.b_major.mma_major_mode(),
@@ -147,7 +149,7 @@ class BlackwellGemm:
         accumulators = tiled_mma.make_fragment_C(
             cute.append(tiled_mma.partition_shape_C(self.mma_tiler_mn), self.num_acc_stage)
         )
-        tmem_columns = utils.get_num_tmem_alloc_cols(accumulators)
+        tmem_columns = get_num_tmem_alloc_cols(accumulators)
         if cutlass.const_expr(tmem_columns != self.tmem_columns):
             raise ValueError(
                 f"{self.config.key}: the accumulators take {tmem_columns} TMEM columns, "
@@ -267,7 +269,7 @@ class BlackwellGemm:
             tmem_dealloc_barrier: cutlass.Int64
             tmem_holding_buffer: cutlass.Int32
 
-        smem = utils.SmemAllocator()
+        smem = SmemAllocator()
         storage = smem.allocate(SharedStorage)
         mcast_a = cute.size(cluster_layout_vmnk.shape[2])
         mcast_b = cute.size(cluster_layout_vmnk.shape[1])
@@ -290,7 +292,7 @@ class BlackwellGemm:
             cta_layout_vmnk=cluster_layout_vmnk,
             defer_sync=True,
         )
-        tmem = utils.TmemAllocator(
+        tmem = TmemAllocator(
             storage.tmem_holding_buffer.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(
                 barrier_id=TMEM_ALLOC_BARRIER, num_threads=32 * (1 + len(EPILOGUE_WARPS))
