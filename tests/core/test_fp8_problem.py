@@ -34,8 +34,11 @@ def test_fp8_with_k_major_operands_is_served_per_tensor_by_default():
 def test_fp8_is_copied_where_8_bit_mmas_cannot_read_it_and_falls_back_where_no_kernel_runs():
     row_major_b = problem(op(64, 128), op(128, 32))
     assert row_major_b.supported and row_major_b.copied == ("b",)
-    on_b200 = problem(op(64, 128), op(128, 32, column_major=True), arch=Arch.SM100)
-    assert [r.code for r in on_b200.fallback_reasons] == ["dtype"]
+    b = op(128, 32, column_major=True)
+    assert problem(op(64, 128), b, arch=Arch.SM100).supported  # fast accumulation
+    promoted_on_b200 = problem(op(64, 128), b, arch=Arch.SM100, promoted=True)
+    assert [r.code for r in promoted_on_b200.fallback_reasons] == ["dtype"]
+    assert [r.code for r in problem(op(64, 128), b, arch=Arch.OTHER).fallback_reasons] == ["arch"]
 
 
 def test_wrong_fp8_calls_raise():

@@ -142,6 +142,18 @@ def test_a_16bit_operand_is_copied_only_for_its_strides():
     assert codes(problem(op((64, 64)), op((64, 2104), ptr=(1 << 20) + 2))) == ["alignment"]
 
 
+def test_fp8_on_blackwell_takes_fast_accumulation_and_no_bias():
+    fp8 = {"dtype": torch.float8_e4m3fn, "out_dtype": torch.bfloat16, "layout": "tt"}
+    for scaling in ("tensor", "row"):
+        p = GemmProblem.of_shape(512, 256, 1024, **fp8, arch=Arch.SM100, scaling=scaling)
+        assert p.supported, p.fallback_reason
+    promoted = GemmProblem.of_shape(512, 256, 1024, **fp8, arch=Arch.SM100, promoted=True)
+    assert promoted.fallback_reason.code == "dtype" and "Hopper" in str(promoted.fallback_reason)
+    assert GemmProblem.of_shape(512, 256, 1024, **fp8, arch=Arch.SM90, promoted=True).supported
+    biased = GemmProblem.of_shape(512, 256, 1024, **fp8, arch=Arch.SM100, bias=True)
+    assert [r.code for r in biased.fallback_reasons] == ["bias"]
+
+
 def test_tiny_m1_vector_is_supported():
     p = problem(op((1, 64)), op((64, 8)))
     assert p.a_major == "k" and p.supported

@@ -7,6 +7,7 @@ every dtype, layout and rank. Building a kernel also checks `rules.smem_plan` an
 
 import pytest
 from test_sm90_compile import (
+    EIGHT_BIT_SIGNATURES,
     INT8_SIGNATURES,
     SIGNATURES,
     UNALIGNED_SIGNATURES,
@@ -89,6 +90,34 @@ def test_int8_compiles_in_every_decomposition(pool):
         ),
     ]
     reports = _check(pool, [CompileJob(c, sig) for c in configs for sig in INT8_SIGNATURES])
+    assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
+
+
+#: fp8 with fast accumulation (the Blackwell kernel takes no promoted products): scaled per
+#: tensor and per row, e4m3 with e5m2 either way round, into each float output and rank
+FP8_SIGNATURES = [
+    s for s in EIGHT_BIT_SIGNATURES if s.ab_dtype != "int8" and not s.promoted
+]  # fmt: skip
+
+
+@needs_nvdisasm
+def test_fp8_compiles_scaled_per_tensor_and_per_row_in_every_decomposition(pool):
+    """fp8 (tcgen05 kind::f8f6f4, fp32 accumulators in tensor memory, the scales applied as the
+    epilogue loads each sub-tile): one CTA and a pair, both epilogues, swapped (the scales
+    trade places), split-K and stream-K."""
+    assert len(FP8_SIGNATURES) == 4
+    configs = [
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=256),
+        GemmConfig(
+            arch="sm_100", tile_m=256, tile_n=128, cluster_m=2, two_cta=True, tma_store=False
+        ),
+        GemmConfig(arch="sm_100", tile_m=64, tile_n=32, swap_ab=True, tma_store=False),
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=128, decomposition="split_k", splits=2),
+        PAIR_SPLIT_K_DIRECT,
+        GemmConfig(arch="sm_100", tile_m=128, tile_n=64, swap_ab=True, decomposition="stream_k"),
+    ]
+    jobs = [CompileJob(c, s) for i, c in enumerate(configs) for s in FP8_SIGNATURES[i % 2 :: 2]]
+    reports = _check(pool, jobs)
     assert all(r.tmem_loads > 0 and r.mma_in_sass > 0 for r in reports)
 
 

@@ -1,10 +1,12 @@
 """The Blackwell kernel on a B200 (skipped on other GPUs): tiles on one CTA and on a pair,
 clusters, both epilogues, all four layouts, every output dtype and major, ragged, tiny and
 batched shapes, swapped operands, split-K and stream-K, against a float32 reference (int8: the
-exact int32 product), outputs poisoned, a shared tile's reduction bitwise repeatable."""
+exact int32 product; fp8: the product of the dequantized operands, scaled per tensor and per
+row), outputs poisoned, a shared tile's reduction bitwise repeatable."""
 
 import pytest
 import torch
+from test_sm90_fp8_gpu import check_fp8_case
 from test_sm90_gpu import check_case
 
 from gemmtune.core.device import Arch, arch_of
@@ -49,3 +51,23 @@ def test_kernel_matches_reference(case):
     from gemmtune.kernels.sm100 import rules
 
     check_case(case, rules)
+
+
+# config key (raster/swizzle left out) | m x n x k | a b -> out dtype | out major | scaling
+FP8_CASES = """
+sm100_128x256_c1x1_coop_tma_dp      | 1001x1528x2064 | e4m3 e4m3 bf16 | n | tensor
+sm100_256x128_c2x1_2cta_coop_st_dp  |  1000x1000x1008 | e4m3 e5m2 fp16 | m | row
+sm100_64x32_c1x1_swap_coop_st_dp    |  16x4096x4096 | e4m3 e4m3 bf16 | n | row
+sm100_128x128_c1x1_coop_tma_sk4     |  520x512x32768 | e4m3 e4m3 bf16 | n | row
+sm100_256x64_c2x1_2cta_coop_st_sk3  |  264x392x2080 | e5m2 e4m3 fp32 | m | tensor
+sm100_128x64_c1x1_swap_coop_tma_streamk | 33x1000x3008 | e4m3 e4m3 fp32 | n | row
+sm100_256x128_c2x1_2cta_coop_tma_streamk | 1024x4352x4096 | e4m3 e4m3 bf16 | n | tensor
+"""
+FP8_CASE_LINES = FP8_CASES.strip().splitlines()
+
+
+@pytest.mark.parametrize("case", FP8_CASE_LINES, ids=[" ".join(c.split()) for c in FP8_CASE_LINES])
+def test_fp8_kernel_matches_the_dequantized_product(case):
+    from gemmtune.kernels.sm100 import rules
+
+    check_fp8_case(case, rules)

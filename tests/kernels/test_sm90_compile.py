@@ -104,7 +104,7 @@ INT8_SIGNATURES = [
     for om, batched in itertools.product(("n", "m"), (False, True))
 ]
 #: 8-bit inputs (both K-major): int8, and fp8 scaled per tensor and per row, e4m3 with e5m2
-#: either way round, into each float output (fp8 runs on the Hopper kernel only)
+#: either way round, into each float output (promoted fp8 runs on the Hopper kernel only)
 EIGHT_BIT_SIGNATURES = [
     *INT8_SIGNATURES,
     KernelSignature("e4m3", "bf16", "k", "k", "n", False, scaling="tensor"),

@@ -82,9 +82,16 @@ CASE_LINES = CASES.strip().splitlines()
 
 @pytest.mark.parametrize("case", CASE_LINES, ids=[" ".join(c.split()) for c in CASE_LINES])
 def test_fp8_kernel_matches_the_dequantized_product(case):
+    from gemmtune.kernels.sm90 import rules
+
+    check_fp8_case(case, rules)
+
+
+def check_fp8_case(case: str, rules) -> None:
+    """Run one fp8 case line (`CASES`' format) on the kernel `rules` serves, against the
+    float32 product of the dequantized operands and no worse than torch._scaled_mm."""
     from gemmtune.kernels.build import compile_gemm
     from gemmtune.kernels.launch import launch
-    from gemmtune.kernels.sm90 import rules
 
     config, (m, n, k), a_name, b_name, out_name, out_major, scaling, promoted = parse_case(case)
     gen = torch.Generator(device="cuda").manual_seed(m + n + k)

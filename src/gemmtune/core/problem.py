@@ -388,8 +388,12 @@ class GemmProblem:
             reasons.append(
                 FallbackReason("dtype", f"inputs are {a.dtype}; kernels take bf16, fp16, int8, fp8")
             )
-        if fp8 and arch is not Arch.SM90:
-            reasons.append(FallbackReason("dtype", "fp8 products run on the Hopper kernel only"))
+        if fp8 and promoted and arch is Arch.SM100:
+            # the Hopper kernel promotes partial sums into registers of fp32 every 128 elements of
+            # K; the Blackwell kernel has no such path, so it takes fast accumulation only
+            reasons.append(
+                FallbackReason("dtype", "promoted fp8 accumulation runs on the Hopper kernel only")
+            )
         if bias and arch is not Arch.SM90:
             reasons.append(FallbackReason("bias", "the Hopper kernel alone adds a bias"))
         if out_dtype not in KERNEL_OUTPUT_DTYPES:

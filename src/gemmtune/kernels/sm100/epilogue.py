@@ -12,7 +12,8 @@ same sub-tile loop: a publishing item writes its partial sums to the workspace i
 output (`publish`), the stream-K owner adds the others' partials to each sub-tile before storing
 it (`store_tile` with `gather`), and split-K's segments sum their shares from the workspace
 (`reduction.reduce_share` over `positions`, which numbers a thread's values as `publish` and
-`store_tile` visit them: sub-tile by sub-tile).
+`store_tile` visit them: sub-tile by sub-tile). An fp8 product's scales are applied to each
+sub-tile as it is loaded (`_scale`). `drain` is the epilogue warps' loop over their CTA's items.
 """
 
 from dataclasses import dataclass
@@ -28,7 +29,17 @@ from cutlass.utils.gemm.sm100 import (
     transform_partitioned_tensor_layout,
 )
 
-from gemmtune.kernels.reduction import SharedTile, add_partials, signal_arrival, store_partial
+from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.reduction import (
+    SharedTile,
+    add_partials,
+    await_partials,
+    reduce_share,
+    signal_arrival,
+    store_partial,
+)
+from gemmtune.kernels.scaling import tensor_scale_factor
+from gemmtune.kernels.sm100 import rules
 
 
 @dataclass(frozen=True)
@@ -158,18 +169,43 @@ class TmemEpilogue:
             acc_pipeline.consumer_release(acc_state)
 
     @cute.jit
+    def _scale(
+        self, values: cute.Tensor, subtile: int, tile_coord: tuple, extent_mn: tuple, scales
+    ):
+        """Multiply one sub-tile's accumulators by an fp8 product's scales. `scales`: None
+        (no scaling), the per-tensor factor (`scaling.tensor_scale_factor`), or the row and
+        column scales in the kernel's output coordinates, read per value (0 past the edges,
+        whose values are never stored)."""
+        if cutlass.const_expr(isinstance(scales, tuple)):
+            row_scale, col_scale = scales
+            coords = self.tTR_cC[(None, None, None, subtile, *tile_coord)]
+            for i in cutlass.range_constexpr(cute.size(values)):
+                coord = coords[i]
+                factor = cutlass.Float32(0.0)
+                if coord[0] < extent_mn[0] and coord[1] < extent_mn[1]:
+                    factor = row_scale[coord[0]] * col_scale[coord[1]]
+                values[i] = values[i] * factor
+        elif cutlass.const_expr(scales is not None):
+            values.store(values.load() * scales)
+
+    @cute.jit
     def publish(
         self,
         acc_pipeline: pipeline.PipelineAsync,
         acc_state: pipeline.PipelineState,
         shared: SharedTile,
         slot: Int32,
+        tile_coord: tuple,
+        extent_mn: tuple,
+        scales=None,
     ):
-        """Write the tile's partial sums (the accumulator buffer of `acc_state`, waited for) to
-        `slot`, give the buffer back, and count this item in at the tile's counter."""
+        """Write the tile's partial sums (the accumulator buffer of `acc_state`, waited for,
+        scaled by `scales`: `_scale`) to `slot`, give the buffer back, and count this item in at
+        the tile's counter."""
         values = cute.make_rmem_tensor(self.values_shape, self.acc_dtype)
         for subtile in cutlass.range_constexpr(self.subtiles):
             self._load(values, subtile, acc_state.index)
+            self._scale(values, subtile, tile_coord, extent_mn, scales)
             store_partial(values, shared, slot, subtile * self.values, self.tile_values)
         self._release(acc_pipeline, acc_state)
         signal_arrival(shared)
@@ -188,18 +224,20 @@ class TmemEpilogue:
         tma_atom_c: cute.CopyAtom | None,
         c_pipeline: pipeline.PipelineTmaStore | None,
         is_store_warp: cutlass.Boolean,
+        scales=None,
     ):
-        """Store the tile in the accumulator buffer of `acc_state` (waited for), giving the
-        buffer back after its last load. `inside`: the whole tile lies within the output (the
-        direct store need not check bounds). `gather`: add the other segments' partials
-        (`reduction.await_partials` done). `ring_start`: sub-tiles this thread's group stored
-        before (TMA store)."""
+        """Store the tile in the accumulator buffer of `acc_state` (waited for, scaled by
+        `scales`: `_scale`), giving the buffer back after its last load. `inside`: the whole
+        tile lies within the output (the direct store need not check bounds). `gather`: add
+        the other segments' partials (`reduction.await_partials` done). `ring_start`: sub-tiles
+        this thread's group stored before (TMA store)."""
         values = cute.make_rmem_tensor(self.values_shape, self.acc_dtype)
         out = cute.make_rmem_tensor(self.values_shape, self.c_dtype)
         for subtile in cutlass.range_constexpr(self.subtiles):
             self._load(values, subtile, acc_state.index)
             if cutlass.const_expr(subtile == self.subtiles - 1):
                 self._release(acc_pipeline, acc_state)
+            self._scale(values, subtile, tile_coord, extent_mn, scales)
             if cutlass.const_expr(shared is not None):
                 if gather:
                     add_partials(values, shared, subtile * self.values, self.tile_values)
@@ -231,3 +269,132 @@ class TmemEpilogue:
                         coord = coords[i]
                         if coord[0] < extent_mn[0] and coord[1] < extent_mn[1]:
                             destination[i] = out[i]
+
+
+@cute.jit
+def drain(
+    gemm,
+    tidx: Int32,
+    warp_idx: Int32,
+    accumulators: cute.Tensor,
+    tCgC: cute.Tensor,
+    tCcC: cute.Tensor,
+    tCgC_tma: cute.Tensor,
+    sC,
+    tma_atom_c,
+    mC: cute.Tensor,
+    row_scale: cute.Tensor | None,
+    col_scale: cute.Tensor | None,
+    workspace: cute.Tensor,
+    counters: cute.Tensor,
+    epi_tile: cutlass.Constexpr,
+    acc_pipeline: pipeline.PipelineAsync,
+    scheduler: sched.TileScheduler,
+    cluster: Int32,
+    mma_in_cluster: tuple,
+    cta_rank: Int32,
+):
+    """The epilogue warps (0-3) of `gemm`, a `BlackwellGemm`: every item's accumulators to the
+    output, or to the workspace where the item shares its tile and does not write it; an fp8
+    product's scaled first (before a partial is published: scaling is linear, so the reduction
+    adds scaled partials)."""
+    threads = 32 * len(rules.EPILOGUE_WARPS)
+    barrier = pipeline.NamedBarrier(barrier_id=rules.EPILOGUE_BARRIER, num_threads=threads)
+    epi = TmemEpilogue.create(
+        gemm, tidx, accumulators, tCgC, tCcC, epi_tile, barrier, tma_atom_c, tCgC_tma, sC
+    )
+    acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, gemm.num_acc_stage)
+    c_pipeline = None
+    if cutlass.const_expr(gemm.config.tma_store):
+        c_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=gemm.num_c_stage,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
+        )
+    extent_mn = (mC.shape[0], mC.shape[1])
+    scales = None
+    if cutlass.const_expr(gemm.applies_scales):
+        if cutlass.const_expr(gemm.dependent_launch):
+            # the kernel before ours may write the scales (a quantization's)
+            cute.arch.griddepcontrol_wait()
+        scales = (row_scale, col_scale)
+        if cutlass.const_expr(not gemm.per_row):
+            scales = tensor_scale_factor(row_scale, col_scale)
+    tile_m, tile_n = gemm.mma_tiler_mn
+    ctas = gemm.cluster_shape_mn[0] * gemm.cluster_shape_mn[1]
+    is_store_warp = warp_idx == rules.EPILOGUE_WARPS[0]
+    tiles_stored = Int32(0)
+    position = scheduler.first_position(cluster)
+    while scheduler.valid(position, cluster):
+        (
+            unit,
+            _,
+            _,
+            segment,
+            segments,
+            partial_slot,
+            first_slot,
+            counter,
+            owner,
+            next_position,
+        ) = scheduler.item(position, cluster)
+        tile_coord = scheduler.tile_of_unit(unit, mma_in_cluster)
+        inside = cutlass.Boolean(False)
+        if (tile_coord[0] + 1) * tile_m <= extent_mn[0]:
+            inside = (tile_coord[1] + 1) * tile_n <= extent_mn[1]
+        acc_pipeline.consumer_wait(acc_state)
+        writes = cutlass.Boolean(True)
+        gather = cutlass.Boolean(False)
+        shared = None
+        if cutlass.const_expr(gemm.shares_tiles):
+            # slots and counters are per CTA of the cluster
+            shared = SharedTile(
+                workspace,
+                counters,
+                first_slot * ctas + cta_rank,
+                ctas,
+                counter * ctas + cta_rank,
+                segment,
+                segments,
+                tidx,
+                threads,
+                barrier,
+                gemm.acc_dtype,
+            )
+            publishes = segments > 1
+            if cutlass.const_expr(not gemm.scatters):
+                if segment == owner:
+                    publishes = cutlass.Boolean(False)
+            if publishes:
+                writes = cutlass.Boolean(False)
+                epi.publish(
+                    acc_pipeline, acc_state, shared, partial_slot * ctas + cta_rank,
+                    tile_coord, extent_mn, scales,
+                )  # fmt: skip
+                if cutlass.const_expr(gemm.scatters):
+                    reduce_share(
+                        epi.tile_values,
+                        shared,
+                        epi.positions(epi.tTR_gC, tile_coord),
+                        epi.positions(epi.tTR_cC, tile_coord),
+                        extent_mn,
+                        gemm.c_dtype,
+                        0,  # the wider steps are measured on Hopper's kernel only
+                    )
+            else:
+                gather = segments > 1
+                if gather:
+                    await_partials(shared)
+        if writes:
+            epi.store_tile(
+                acc_pipeline, acc_state, tile_coord, inside, extent_mn, gather, shared,
+                tiles_stored * epi.subtiles, tma_atom_c, c_pipeline, is_store_warp, scales,
+            )  # fmt: skip
+            tiles_stored += 1
+        acc_state.advance()
+        position = next_position
+    if cutlass.const_expr(gemm.config.tma_store):
+        c_pipeline.producer_tail()
+    else:
+        pipeline.NamedBarrier(
+            barrier_id=rules.TMEM_DEALLOC_BARRIER, num_threads=threads
+        ).arrive_and_wait()

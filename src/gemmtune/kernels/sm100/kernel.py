@@ -32,19 +32,9 @@ from gemmtune.kernels.operands import (
     kernel_operands,
     operand_layouts,
 )
-from gemmtune.kernels.reduction import SharedTile, await_partials, reduce_share
 from gemmtune.kernels.signature import KernelSignature
 from gemmtune.kernels.sm100 import rules
-from gemmtune.kernels.sm100.epilogue import TmemEpilogue
-
-EPILOGUE_WARPS = (0, 1, 2, 3)
-MMA_WARP = 4
-TMA_WARP = 5
-THREADS = 32 * 6
-# named barrier ids (0 is __syncthreads)
-EPILOGUE_BARRIER = 1
-TMEM_ALLOC_BARRIER = 2
-TMEM_DEALLOC_BARRIER = 3
+from gemmtune.kernels.sm100.epilogue import drain
 
 
 class BlackwellGemm:
@@ -68,7 +58,10 @@ class BlackwellGemm:
         # split-K reduces scattered (every split writes a share), stream-K through an owner
         self.scatters = config.decomposition is Decomposition.SPLIT_K
         self.mma_tiler_mn = (config.tile_m, config.tile_n)
-        self.ab_dtype = DSL_DTYPES[signature.ab_dtype]
+        self.a_dtype = DSL_DTYPES[signature.ab_dtype]
+        self.b_dtype = DSL_DTYPES[signature.b_input]
+        self.applies_scales = bool(signature.scaling)
+        self.per_row = signature.scaling == "row"
         self.a_major, self.b_major, self.c_layout = operand_layouts(signature)
         plan = rules.smem_plan(config, signature)
         self.ab_stages = plan.ab_stages
@@ -79,18 +72,17 @@ class BlackwellGemm:
         self.c_dtype = DSL_DTYPES[signature.out_dtype]
         self.use_2cta_instrs = config.two_cta
         self.cta_tile_shape_mnk = (config.tile_m // self.group, config.tile_n, rules.TILE_K)
-        self.epilog_sync_bar_id = EPILOGUE_BARRIER
-        self.epilogue_warp_id = EPILOGUE_WARPS
+        self.epilog_sync_bar_id = rules.EPILOGUE_BARRIER
+        self.epilogue_warp_id = rules.EPILOGUE_WARPS
         self.num_c_stage = plan.epi_stages
         self.iter_acc_early_release_in_epilogue = 0
         self.num_acc_stage = rules.ACCUMULATOR_BUFFERS
 
     def _tiled_mma(self) -> cute.TiledMma:
         group = tcgen05.CtaGroup.TWO if self.use_2cta_instrs else tcgen05.CtaGroup.ONE
-        # A's type, then B's: the DSL's form that takes one type for both is deprecated
         return sm100_utils.make_trivial_tiled_mma(
-            self.ab_dtype,
-            self.ab_dtype,
+            self.a_dtype,
+            self.b_dtype,
             self.a_major.mma_major_mode(),
             self.b_major.mma_major_mode(),
             self.acc_dtype,
@@ -112,14 +104,60 @@ class BlackwellGemm:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
+        self.launch(
+            a, b, c, None, None, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def scaled(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        scale_a: cute.Tensor,
+        scale_b: cute.Tensor,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
+        """The entry of a scaled (fp8) signature: `scale_a` and `scale_b` are 1-D fp32, one
+        element each ("tensor" scaling) or one per row of a and per column of b ("row")."""
+        self.launch(
+            a, b, c, scale_a, scale_b, workspace, counters, along_n, swizzle, splits,
+            max_active_clusters, stream,
+        )  # fmt: skip
+
+    @cute.jit
+    def launch(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        c: cute.Tensor,
+        scale_a: cute.Tensor | None,
+        scale_b: cute.Tensor | None,
+        workspace: cute.Tensor,
+        counters: cute.Tensor,
+        along_n: Int32,
+        swizzle: Int32,
+        splits: Int32,
+        max_active_clusters: Int32,
+        stream: cuda.CUstream,
+    ):
         mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
+        # the kernel's rows are b's columns in a swapped binary, and its columns a's rows
+        row_scale, col_scale = (scale_b, scale_a) if self.config.swap_ab else (scale_a, scale_b)
         tiled_mma = self._tiled_mma()
         mma_tiler = (*self.mma_tiler_mn, rules.TILE_K)
         cluster_layout_vmnk = cute.tiled_divide(
             cute.make_layout((*self.cluster_shape_mn, 1)), (tiled_mma.thr_id.shape,)
         )
-        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, mma_tiler, self.ab_dtype, self.ab_stages)
-        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, mma_tiler, self.ab_dtype, self.ab_stages)
+        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, mma_tiler, self.a_dtype, self.ab_stages)
+        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, mma_tiler, self.b_dtype, self.ab_stages)
         a_stage = cute.slice_(a_smem, (None, None, None, 0))
         b_stage = cute.slice_(b_smem, (None, None, None, 0))
         tma_atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(
@@ -138,8 +176,8 @@ class BlackwellGemm:
             tiled_mma,
             cluster_layout_vmnk.shape,
         )
-        stage_bytes = cute.size_in_bytes(self.ab_dtype, a_stage) + cute.size_in_bytes(
-            self.ab_dtype, b_stage
+        stage_bytes = cute.size_in_bytes(self.a_dtype, a_stage) + cute.size_in_bytes(
+            self.b_dtype, b_stage
         )
         if cutlass.const_expr(stage_bytes != self.ab_stage_bytes):
             raise ValueError(
@@ -193,6 +231,8 @@ class BlackwellGemm:
             tma_atom_c,
             store_target,
             mC,
+            row_scale,
+            col_scale,
             workspace,
             counters,
             cluster_layout_vmnk,
@@ -212,7 +252,7 @@ class BlackwellGemm:
             swizzle,
         ).launch(
             grid=(*self.cluster_shape_mn, scheduler.grid_clusters),
-            block=[THREADS, 1, 1],
+            block=[rules.THREADS, 1, 1],
             cluster=(*self.cluster_shape_mn, 1),
             min_blocks_per_mp=1,
             stream=stream,
@@ -230,6 +270,8 @@ class BlackwellGemm:
         tma_atom_c,
         store_target: cute.Tensor,
         mC: cute.Tensor,
+        row_scale: cute.Tensor | None,
+        col_scale: cute.Tensor | None,
         workspace: cute.Tensor,
         counters: cute.Tensor,
         cluster_layout_vmnk: cute.Layout,
@@ -250,7 +292,7 @@ class BlackwellGemm:
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        if warp_idx == TMA_WARP:
+        if warp_idx == rules.TMA_WARP:
             cpasync.prefetch_descriptor(tma_atom_a)
             cpasync.prefetch_descriptor(tma_atom_b)
             if cutlass.const_expr(self.config.tma_store):
@@ -287,7 +329,7 @@ class BlackwellGemm:
             num_stages=self.num_acc_stage,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, len(EPILOGUE_WARPS) * self.group
+                pipeline.Agent.Thread, len(rules.EPILOGUE_WARPS) * self.group
             ),
             cta_layout_vmnk=cluster_layout_vmnk,
             defer_sync=True,
@@ -295,16 +337,17 @@ class BlackwellGemm:
         tmem = TmemAllocator(
             storage.tmem_holding_buffer.ptr,
             barrier_for_retrieve=pipeline.NamedBarrier(
-                barrier_id=TMEM_ALLOC_BARRIER, num_threads=32 * (1 + len(EPILOGUE_WARPS))
+                barrier_id=rules.TMEM_ALLOC_BARRIER,
+                num_threads=32 * (1 + len(rules.EPILOGUE_WARPS)),
             ),
-            allocator_warp_id=EPILOGUE_WARPS[0],
+            allocator_warp_id=rules.EPILOGUE_WARPS[0],
             is_two_cta=self.use_2cta_instrs,
             two_cta_tmem_dealloc_mbar_ptr=storage.tmem_dealloc_barrier.ptr,
         )
         pipeline.pipeline_init_arrive(cluster_shape_mn=cluster_layout_vmnk, is_relaxed=True)
 
-        sA = smem.allocate_tensor(self.ab_dtype, a_smem.outer, 128, swizzle=a_smem.inner)
-        sB = smem.allocate_tensor(self.ab_dtype, b_smem.outer, 128, swizzle=b_smem.inner)
+        sA = smem.allocate_tensor(self.a_dtype, a_smem.outer, 128, swizzle=a_smem.inner)
+        sB = smem.allocate_tensor(self.b_dtype, b_smem.outer, 128, swizzle=b_smem.inner)
         a_mask = None
         b_mask = None
         if cutlass.const_expr(mcast_a > 1 or mcast_b > 1 or self.use_2cta_instrs):
@@ -363,7 +406,7 @@ class BlackwellGemm:
         cluster = sched.cluster_index()
         pipeline.pipeline_init_wait(cluster_shape_mn=cluster_layout_vmnk)
 
-        if warp_idx == TMA_WARP:
+        if warp_idx == rules.TMA_WARP:
             if cutlass.const_expr(self.dependent_launch):
                 cute.arch.griddepcontrol_wait()
             position = scheduler.first_position(cluster)
@@ -397,7 +440,7 @@ class BlackwellGemm:
                 position = next_position
             ab_producer.tail()
 
-        if warp_idx == MMA_WARP:
+        if warp_idx == rules.MMA_WARP:
             tmem.wait_for_alloc()
             accumulators = cute.make_tensor(tmem.retrieve_ptr(self.acc_dtype), tCtAcc_layout)
             acc_state = pipeline.make_pipeline_state(
@@ -434,12 +477,13 @@ class BlackwellGemm:
         sC = None
         if cutlass.const_expr(self.config.tma_store):
             sC = smem.allocate_tensor(self.c_dtype, epi_smem.outer, 128, swizzle=epi_smem.inner)
-        if warp_idx < MMA_WARP:
+        if warp_idx < rules.MMA_WARP:
             tmem.allocate(self.tmem_columns)
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
             accumulators = cute.make_tensor(tmem_ptr, tCtAcc_layout)
-            self.epilogue_warps(
+            drain(
+                self,
                 tidx,
                 warp_idx,
                 accumulators,
@@ -449,6 +493,8 @@ class BlackwellGemm:
                 sC,
                 tma_atom_c,
                 mC,
+                row_scale,
+                col_scale,
                 workspace,
                 counters,
                 epi_tile,
@@ -460,118 +506,3 @@ class BlackwellGemm:
             )
             tmem.relinquish_alloc_permit()
             tmem.free(tmem_ptr)
-
-    @cute.jit
-    def epilogue_warps(
-        self,
-        tidx: Int32,
-        warp_idx: Int32,
-        accumulators: cute.Tensor,
-        tCgC: cute.Tensor,
-        tCcC: cute.Tensor,
-        tCgC_tma: cute.Tensor,
-        sC,
-        tma_atom_c,
-        mC: cute.Tensor,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        epi_tile: cutlass.Constexpr,
-        acc_pipeline: pipeline.PipelineAsync,
-        scheduler: sched.TileScheduler,
-        cluster: Int32,
-        mma_in_cluster: tuple,
-        cta_rank: Int32,
-    ):
-        """Warps 0-3: every item's accumulators to the output, or to the workspace where the
-        item shares its tile and does not write it."""
-        threads = 32 * len(EPILOGUE_WARPS)
-        barrier = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER, num_threads=threads)
-        epi = TmemEpilogue.create(
-            self, tidx, accumulators, tCgC, tCcC, epi_tile, barrier, tma_atom_c, tCgC_tma, sC
-        )
-        acc_state = pipeline.make_pipeline_state(
-            pipeline.PipelineUserType.Consumer, self.num_acc_stage
-        )
-        c_pipeline = None
-        if cutlass.const_expr(self.config.tma_store):
-            c_pipeline = pipeline.PipelineTmaStore.create(
-                num_stages=self.num_c_stage,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, threads),
-            )
-        extent_mn = (mC.shape[0], mC.shape[1])
-        tile_m, tile_n = self.mma_tiler_mn
-        ctas = self.cluster_shape_mn[0] * self.cluster_shape_mn[1]
-        is_store_warp = warp_idx == EPILOGUE_WARPS[0]
-        tiles_stored = Int32(0)
-        position = scheduler.first_position(cluster)
-        while scheduler.valid(position, cluster):
-            (
-                unit,
-                _,
-                _,
-                segment,
-                segments,
-                partial_slot,
-                first_slot,
-                counter,
-                owner,
-                next_position,
-            ) = scheduler.item(position, cluster)
-            tile_coord = scheduler.tile_of_unit(unit, mma_in_cluster)
-            inside = cutlass.Boolean(False)
-            if (tile_coord[0] + 1) * tile_m <= extent_mn[0]:
-                inside = (tile_coord[1] + 1) * tile_n <= extent_mn[1]
-            acc_pipeline.consumer_wait(acc_state)
-            writes = cutlass.Boolean(True)
-            gather = cutlass.Boolean(False)
-            shared = None
-            if cutlass.const_expr(self.shares_tiles):
-                # slots and counters are per CTA of the cluster
-                shared = SharedTile(
-                    workspace,
-                    counters,
-                    first_slot * ctas + cta_rank,
-                    ctas,
-                    counter * ctas + cta_rank,
-                    segment,
-                    segments,
-                    tidx,
-                    threads,
-                    barrier,
-                    self.acc_dtype,
-                )
-                publishes = segments > 1
-                if cutlass.const_expr(not self.scatters):
-                    if segment == owner:
-                        publishes = cutlass.Boolean(False)
-                if publishes:
-                    writes = cutlass.Boolean(False)
-                    epi.publish(acc_pipeline, acc_state, shared, partial_slot * ctas + cta_rank)
-                    if cutlass.const_expr(self.scatters):
-                        reduce_share(
-                            epi.tile_values,
-                            shared,
-                            epi.positions(epi.tTR_gC, tile_coord),
-                            epi.positions(epi.tTR_cC, tile_coord),
-                            extent_mn,
-                            self.c_dtype,
-                            0,  # the wider steps are measured on Hopper's kernel only
-                        )
-                else:
-                    gather = segments > 1
-                    if gather:
-                        await_partials(shared)
-            if writes:
-                epi.store_tile(
-                    acc_pipeline, acc_state, tile_coord, inside, extent_mn, gather, shared,
-                    tiles_stored * epi.subtiles, tma_atom_c, c_pipeline, is_store_warp,
-                )  # fmt: skip
-                tiles_stored += 1
-            acc_state.advance()
-            position = next_position
-        if cutlass.const_expr(self.config.tma_store):
-            c_pipeline.producer_tail()
-        else:
-            pipeline.NamedBarrier(
-                barrier_id=TMEM_DEALLOC_BARRIER, num_threads=threads
-            ).arrive_and_wait()

@@ -23,6 +23,16 @@ from gemmtune.kernels.sm90.rules import (
 if TYPE_CHECKING:
     from gemmtune.core.problem import GemmProblem
 
+#: The warps of a CTA: four epilogue warps, one issuing MMAs, one issuing TMA loads
+EPILOGUE_WARPS = (0, 1, 2, 3)
+MMA_WARP = 4
+TMA_WARP = 5
+THREADS = 32 * 6
+#: named barrier ids (0 is __syncthreads)
+EPILOGUE_BARRIER = 1
+TMEM_ALLOC_BARRIER = 2
+TMEM_DEALLOC_BARRIER = 3
+
 #: K extent of a tile in elements, of every input type
 TILE_K = 64
 #: The one stage width (`GemmConfig.stage_k_bytes`) the kernel implements
