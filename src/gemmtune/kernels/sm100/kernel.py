@@ -26,6 +26,7 @@ from cutlass.memory import SmemAllocator, TmemAllocator, get_num_tmem_alloc_cols
 
 from gemmtune.core.config import Decomposition, GemmConfig
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.entries import GemmEntries
 from gemmtune.kernels.operands import (
     DSL_DTYPES,
     accumulator_dtype,
@@ -37,7 +38,7 @@ from gemmtune.kernels.sm100 import rules
 from gemmtune.kernels.sm100.epilogue import drain
 
 
-class BlackwellGemm:
+class BlackwellGemm(GemmEntries):
     """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`).
 
     The DSL's epilogue helpers (`cutlass.utils.gemm.sm100`) read the attributes named in
@@ -90,49 +91,6 @@ class BlackwellGemm:
             self.mma_tiler_mn,
         )
 
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        c: cute.Tensor,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        along_n: Int32,
-        swizzle: Int32,
-        splits: Int32,
-        max_active_clusters: Int32,
-        stream: cuda.CUstream,
-    ):
-        self.launch(
-            a, b, c, None, None, workspace, counters, along_n, swizzle, splits,
-            max_active_clusters, stream,
-        )  # fmt: skip
-
-    @cute.jit
-    def scaled(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        c: cute.Tensor,
-        scale_a: cute.Tensor,
-        scale_b: cute.Tensor,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        along_n: Int32,
-        swizzle: Int32,
-        splits: Int32,
-        max_active_clusters: Int32,
-        stream: cuda.CUstream,
-    ):
-        """The entry of a scaled (fp8) signature: `scale_a` and `scale_b` are 1-D fp32, one
-        element each ("tensor" scaling) or one per row of a and per column of b ("row")."""
-        self.launch(
-            a, b, c, scale_a, scale_b, workspace, counters, along_n, swizzle, splits,
-            max_active_clusters, stream,
-        )  # fmt: skip
-
-    @cute.jit
     def launch(
         self,
         a: cute.Tensor,
@@ -148,6 +106,8 @@ class BlackwellGemm:
         max_active_clusters: Int32,
         stream: cuda.CUstream,
     ):
+        """Traced by every entry (`GemmEntries`): build the TMA atoms, the schedule and the
+        launch."""
         mA, mB, mC = kernel_operands(a, b, c, self.config.swap_ab)
         # the kernel's rows are b's columns in a swapped binary, and its columns a's rows
         row_scale, col_scale = (scale_b, scale_a) if self.config.swap_ab else (scale_a, scale_b)

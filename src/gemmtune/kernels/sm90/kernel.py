@@ -11,8 +11,9 @@ The producer warp's loop is `mainloop.produce`, the consumer warpgroups' `consum
 
 Tensors arrive in torch's order and are viewed as the kernel's (M, K, L) / (N, K, L) / (M, N, L)
 at trace time (`kernels/operands.py`), so a launch passes torch tensors untouched. A scaled (fp8)
-signature's binary is compiled from `scaled`, which takes the scales after a, b and out; one
-with a bias from `biased` or `scaled_biased`, which take it after those (`kernels/bias.py`).
+signature's binary is compiled from `scaled` (`kernels/entries.py`), which takes the scales
+after a, b and out; one with a bias from `biased` or `scaled_biased`, which take it after those
+(`kernels/bias.py`).
 """
 
 import cuda.bindings.driver as cuda
@@ -26,6 +27,7 @@ from cutlass.memory import SmemAllocator
 
 from gemmtune.core.config import Decomposition, GemmConfig, Schedule
 from gemmtune.kernels import scheduler as sched
+from gemmtune.kernels.entries import GemmEntries
 from gemmtune.kernels.operands import (
     DSL_DTYPES,
     accumulator_dtype,
@@ -45,7 +47,7 @@ def stage_layout(staged: cute.ComposedLayout) -> cute.ComposedLayout:
     return cute.make_composed_layout(staged.inner, 0, cute.select(staged.outer, mode=[0, 1]))
 
 
-class HopperGemm:
+class HopperGemm(GemmEntries):
     """Builds and launches the kernel for one (`GemmConfig`, `KernelSignature`).
 
     `consumer.consume` reads the compile-time plan that `__init__` sets off this object."""
@@ -118,48 +120,6 @@ class HopperGemm:
             atoms,
             tiler_mn=(64, self.config.tile_n),
         )
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        c: cute.Tensor,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        along_n: Int32,
-        swizzle: Int32,
-        splits: Int32,
-        max_active_clusters: Int32,
-        stream: cuda.CUstream,
-    ):
-        self.launch(
-            a, b, c, None, None, workspace, counters, along_n, swizzle, splits,
-            max_active_clusters, stream,
-        )  # fmt: skip
-
-    @cute.jit
-    def scaled(
-        self,
-        a: cute.Tensor,
-        b: cute.Tensor,
-        c: cute.Tensor,
-        scale_a: cute.Tensor,
-        scale_b: cute.Tensor,
-        workspace: cute.Tensor,
-        counters: cute.Tensor,
-        along_n: Int32,
-        swizzle: Int32,
-        splits: Int32,
-        max_active_clusters: Int32,
-        stream: cuda.CUstream,
-    ):
-        """The entry of a scaled (fp8) signature: `scale_a` and `scale_b` are 1-D fp32, one
-        element each ("tensor" scaling) or one per row of a and per column of b ("row")."""
-        self.launch(
-            a, b, c, scale_a, scale_b, workspace, counters, along_n, swizzle, splits,
-            max_active_clusters, stream,
-        )  # fmt: skip
 
     @cute.jit
     def biased(
