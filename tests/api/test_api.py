@@ -352,8 +352,8 @@ def test_a_call_that_wants_a_gradient_is_recorded_by_autograd(dispatcher):
     assert len(launches) == 1
 
 
-def test_int_mm_hands_torch_int_mm_what_our_kernels_cannot_take(monkeypatch):
-    """Off the GPU, or where torch._int_mm refuses the call, `int_mm` is torch._int_mm: the same
+def test_int_mm_off_the_gpu_is_torch_int_mm(monkeypatch):
+    """Off the GPU `int_mm` is torch._int_mm, for calls it takes and calls it refuses: the same
     answer, the same error; `tuned_gemm` is never asked."""
     import gemmtune
     from gemmtune.api import dispatch
@@ -371,6 +371,39 @@ def test_int_mm_hands_torch_int_mm_what_our_kernels_cannot_take(monkeypatch):
                 outcomes.append(str(error))
         theirs, ours = outcomes
         assert ours == theirs if isinstance(ours, str) else torch.equal(ours, theirs)
+
+
+def test_int_mm_gives_our_kernels_only_the_cuda_calls_torch_int_mm_takes(monkeypatch):
+    """On (fake) CUDA tensors `int_mm` asks `tuned_gemm` for the calls torch._int_mm serves, and
+    hands torch._int_mm each call it refuses: another type, m of 16 or less, k or n not a
+    multiple of 8, mismatched k, a batch, an operand off the GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import gemmtune
+    from gemmtune.api import dispatch
+
+    calls = []
+    monkeypatch.setattr(dispatch, "tuned_gemm", lambda a, b, **kw: calls.append(("ours", a.shape)))
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(("torch", a.shape)))
+
+    def int8(*shape):
+        return torch.empty(*shape, dtype=torch.int8, device="cuda")
+
+    with FakeTensorMode():
+        served = (int8(32, 64), int8(48, 64).t())
+        refused = [
+            (int8(32, 64).float(), int8(48, 64).t().float()),
+            (int8(16, 64), int8(48, 64).t()),
+            (int8(32, 60), int8(48, 60).t()),
+            (int8(32, 64), int8(44, 64).t()),
+            (int8(32, 64), int8(48, 72).t()),
+            (int8(32, 64, 64), int8(64, 48)),
+            (int8(32, 64).cpu(), int8(48, 64).t()),
+            (int8(32, 64), int8(48, 64).t().cpu()),
+        ]
+        for a, b in [served, *refused]:
+            gemmtune.int_mm(a, b)
+    assert calls == [("ours", (32, 64))] + [("torch", a.shape) for a, _ in refused]
 
 
 def test_another_shape_of_a_tuned_bucket_is_checked_once_on_itself(chooser, monkeypatch):

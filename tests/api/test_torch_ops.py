@@ -70,8 +70,13 @@ def test_linear_layers_are_swapped_in_place_and_compile():
     torch.testing.assert_close(compiled(x), expected)
 
 
-def test_scaled_mm_off_the_gpu_is_torch_scaled_mm_and_its_fake_gives_shape_and_dtype():
+def test_scaled_mm_off_the_gpu_is_torch_scaled_mm_and_its_fake_gives_shape_and_dtype(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gemmtune.api.dispatch import DISPATCHER
+
+    monkeypatch.setattr(DISPATCHER, "scaled", lambda *args, **kw: pytest.fail("planned"))
+    plans = dict(DISPATCHER.plans)
 
     a = torch.randn(32, 64).to(torch.float8_e4m3fn)
     b = torch.randn(16, 64).to(torch.float8_e4m3fn).t()
@@ -81,6 +86,7 @@ def test_scaled_mm_off_the_gpu_is_torch_scaled_mm_and_its_fake_gives_shape_and_d
     for _ in range(2):  # a CPU call makes no plan and never reaches a kernel
         assert torch.equal(gemmtune.scaled_mm(a, b, *scales, **options), expected)
     assert torch.equal(torch.ops.gemmtune.scaled_mm(a, b, *scales, **options), expected)
+    assert DISPATCHER.plans == plans
     # opcheck's schema test multiplies the inputs, which fp8 tensors do not allow on the CPU
     torch.library.opcheck(
         torch.ops.gemmtune.scaled_mm.default,

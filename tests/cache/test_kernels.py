@@ -63,9 +63,31 @@ def test_kernels_are_shared_libraries_that_load_without_the_dsl(tmp_path):
     assert KernelCache("sm_90a", tmp_path).path(CONFIG, SIGNATURE).suffix == ".so"
 
 
-def test_the_folder_changes_with_what_changes_a_binary():
+def test_the_folder_changes_with_what_changes_a_binary(tmp_path, monkeypatch):
+    """The target, gemmtune's version, the DSL's and any source file of `kernels/`."""
+    from gemmtune.cache import kernels as module
+
     assert fingerprint("sm_90a") != fingerprint("sm_100a")
     assert KernelCache("sm_90a").folder.name.startswith("sm_90a-")
+    sources = tmp_path / "gemmtune" / "kernels"
+    (sources / "sm90").mkdir(parents=True)
+    (sources / "sm90" / "mainloop.py").write_text("STAGES = 4\n")
+    monkeypatch.setattr(module, "__file__", str(tmp_path / "gemmtune" / "cache" / "kernels.py"))
+
+    def fresh() -> str:
+        fingerprint.cache_clear()
+        return fingerprint("sm_90a")
+
+    seen = [fresh()]
+    (sources / "sm90" / "mainloop.py").write_text("STAGES = 5\n")
+    seen.append(fresh())
+    monkeypatch.setattr(module, "gemmtune_version", lambda: "9.9.9")
+    seen.append(fresh())
+    monkeypatch.setattr(module, "package_version", lambda dist: "0.0.1")
+    seen.append(fresh())
+    assert len(set(seen)) == 4 and fresh() == seen[-1]
+    monkeypatch.undo()
+    fingerprint.cache_clear()
 
 
 def test_the_compile_workers_fill_the_kernel_cache_and_reuse_it(tmp_path):

@@ -1,4 +1,5 @@
-"""The device scheduler (`kernels/scheduler.py`) walks exactly the model's items.
+"""The device scheduler (`kernels/scheduler.py`) walks exactly the model's items and gives each
+CTA the model's tile.
 
 Its functions are plain arithmetic on the DSL's integers, so run on Python ints (with `min` and
 `max` for the DSL's) they must produce `schedule_model`'s `WorkItem`s, cluster by cluster, in
@@ -39,11 +40,21 @@ def device_items(scheduler: device.TileScheduler, cluster: int) -> list[tuple]:
     resident=st.integers(1, 132),
     decomposition=st.sampled_from(["data_parallel", "split_k", "stream_k"]),
     splits=st.integers(2, 16),
+    along_n=st.integers(0, 1),
+    swizzle=st.sampled_from([1, 2, 4, 8]),
 )
 def test_the_device_scheduler_walks_the_models_items(
-    grid, k_tiles, resident, decomposition, splits
+    grid, k_tiles, resident, decomposition, splits, along_n, swizzle
 ):
-    model = make_schedule(decomposition, grid, k_tiles, resident, splits=splits)
+    model = make_schedule(
+        decomposition,
+        grid,
+        k_tiles,
+        resident,
+        splits=splits,
+        along_n=bool(along_n),
+        swizzle=swizzle,
+    )
     python_ints = types.SimpleNamespace(min=min, max=max)
     with mock.patch.object(device, "cutlass", python_ints), mock.patch.object(device, "Int32", int):
         scheduler = device.TileScheduler.create(
@@ -55,8 +66,8 @@ def test_the_device_scheduler_walks_the_models_items(
             k_tiles,
             splits,
             resident,
-            0,
-            1,
+            along_n,
+            swizzle,
         )
         assert scheduler.grid_clusters == model.grid_clusters
         for cluster in range(model.grid_clusters):
@@ -68,6 +79,13 @@ def test_the_device_scheduler_walks_the_models_items(
                 for it in model.items(cluster)
             ]  # fmt: skip
             assert device_items(scheduler, cluster) == expected, cluster
+        # and each CTA of a unit's cluster computes the tile the model gives it (raster, bands)
+        ctas = [(x, y) for y in range(grid.cluster_n) for x in range(grid.cluster_m)]
+        for unit in {
+            it.unit for cluster in range(model.grid_clusters) for it in model.items(cluster)
+        }:
+            tiles = [scheduler.tile_of_unit(unit, cta) for cta in ctas]
+            assert tiles == model.tiles_of_unit(unit), unit
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -35,9 +39,33 @@ def test_sm90_space_counts_and_validity():
     }
 
 
-def test_enumeration_is_deterministic():
-    p = problem(1000, 2000, 3000)
-    assert [c.key for c in candidates(p)] == [c.key for c in candidates(p)]
+_KEYS_OF_A_PROBLEM = """
+import hashlib, torch
+from gemmtune.core.device import Arch
+from gemmtune.core.problem import GemmProblem
+from gemmtune.space import candidates
+p = GemmProblem.of_shape(1000, 2000, 3000, dtype=torch.bfloat16, device="cuda", arch=Arch.SM90)
+keys = [c.key for c in candidates(p)]
+print(len(keys), hashlib.sha256("\\n".join(keys).encode()).hexdigest())
+"""
+
+
+def test_enumeration_is_the_same_in_every_process():
+    """The order of the space (the ranking's ties, the first pass's order) does not depend on
+    the process's string hashing."""
+    runs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _KEYS_OF_A_PROBLEM],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        runs.add(done.stdout.split("\n")[-2])
+    assert len(runs) == 1 and int(next(iter(runs)).split()[0]) > 10000
 
 
 def test_split_counts_never_exceed_k_tiles():

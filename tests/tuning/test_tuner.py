@@ -87,11 +87,11 @@ def test_tunes_top_k_then_sweeps_raster_and_swizzle_and_picks_the_fastest():
     # the first pass runs each pick in bands, not in plain column order
     assert {(r.config.raster, r.config.swizzle) for r in first} == {(FIRST_RASTER, FIRST_SWIZZLE)}
     assert all(r.predicted_us is not None for r in first)
-    # then the leaders' other cluster shapes, each a binary of its own
-    clusters = [r for r in result.results[8:] if r.config.compile_key in compiled[8:]]
-    assert len(clusters) == len(compiled) - 8
+    # a compute-bound problem compiles no cluster variants of its leaders (see
+    # test_the_leaders_other_cluster_shapes_are_compiled_and_timed for a problem that does)
+    assert len(compiled) == 8
     # the best binaries swept over 2 rasters x 2 swizzles (minus the order already timed)
-    leaders = {r.config.compile_key for r in sorted(first + clusters, key=lambda r: r.ms)[:2]}
+    leaders = {r.config.compile_key for r in sorted(first, key=lambda r: r.ms)[:2]}
     swept = result.results[len(compiled) :]
     assert len(swept) == 2 * (2 * len(SWEEP_SWIZZLES) - 1)
     assert {r.config.compile_key for r in swept} == leaders
