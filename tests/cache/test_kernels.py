@@ -78,16 +78,18 @@ def test_the_folder_changes_with_what_changes_a_binary(tmp_path, monkeypatch):
         fingerprint.cache_clear()
         return fingerprint("sm_90a")
 
-    seen = [fresh()]
-    (sources / "sm90" / "mainloop.py").write_text("STAGES = 5\n")
-    seen.append(fresh())
-    monkeypatch.setattr(module, "gemmtune_version", lambda: "9.9.9")
-    seen.append(fresh())
-    monkeypatch.setattr(module, "package_version", lambda dist: "0.0.1")
-    seen.append(fresh())
-    assert len(set(seen)) == 4 and fresh() == seen[-1]
-    monkeypatch.undo()
-    fingerprint.cache_clear()
+    try:  # the cached fingerprints of the fake sources must not outlive the test
+        seen = [fresh()]
+        (sources / "sm90" / "mainloop.py").write_text("STAGES = 5\n")
+        seen.append(fresh())
+        monkeypatch.setattr(module, "gemmtune_version", lambda: "9.9.9")
+        seen.append(fresh())
+        monkeypatch.setattr(module, "package_version", lambda dist: "0.0.1")
+        seen.append(fresh())
+        assert len(set(seen)) == 4 and fresh() == seen[-1]
+    finally:
+        monkeypatch.undo()
+        fingerprint.cache_clear()
 
 
 def test_the_compile_workers_fill_the_kernel_cache_and_reuse_it(tmp_path):
